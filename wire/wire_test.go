@@ -1,0 +1,93 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func sampleRequest() *Request {
+	return &Request{Op: OpRename, Ino: 7, Parent: 1, NewPar: 2, Name: "a", NewName: "b",
+		Mode: 0o644, Uid: 1000, Flags: 3, Off: 1 << 40, Size: 4096, Atime: -5,
+		LockMode: LockExclusive, Version: 9, Lk: PosixLk{Flock: true, Type: 1, Start: 1, End: 9, Pid: 4, Owner: 77},
+		Data: []byte("hello")}
+}
+
+func TestRequestRoundTrip(t *testing.T) {
+	in := sampleRequest()
+	out, err := ParseRequest(in.Append(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("round trip:\n in %+v\nout %+v", in, out)
+	}
+}
+
+func TestReplyRoundTrip(t *testing.T) {
+	in := &Reply{Code: CodeNotFound, Msg: "x", Attr: &Attr{Ino: 3, Size: 10}, Attr2: &Attr{Ino: 1},
+		Entries: []DirEntry{{Name: "f", Ino: 3, Mode: 0o100644, Off: 2}}, Data: []byte{1, 2},
+		Names: []string{"user.a"}, Session: &Session{ID: 5, Server: 1, Tau: 2e9, Delta: 0.05, GraceEnd: 3},
+		StatFs: &StatFs{Blocks: 1, NameLen: 255}, Grant: &Grant{Ino: 3, Mode: LockShared, Seq: 4},
+		Lk: &PosixLk{Type: 1, End: 5}}
+	out, err := ParseReply(in.Append(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("round trip:\n in %+v\nout %+v", in, out)
+	}
+	if !errors.Is(out.Err(), Err(CodeNotFound)) {
+		t.Fatalf("Err() = %v", out.Err())
+	}
+}
+
+func TestRejects(t *testing.T) {
+	good := sampleRequest().Append(nil)
+	cases := map[string][]byte{
+		"empty":     nil,
+		"version":   append([]byte{99}, good[1:]...),
+		"truncated": good[:len(good)-1],
+		"trailing":  append(bytes.Clone(good), 0),
+		"unknown op": func() []byte {
+			b := bytes.Clone(good)
+			b[1] = 200
+			return b
+		}(),
+	}
+	huge := (&Request{Op: OpWrite}).Append(nil)
+	huge = huge[:len(huge)-4]
+	huge = append(huge, 0xff, 0xff, 0xff, 0x7f)
+	cases["oversized data"] = huge
+	for name, b := range cases {
+		if _, err := ParseRequest(b); err == nil {
+			t.Errorf("%s: parsed without error", name)
+		}
+	}
+	if _, err := ParseRequest(good); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParseReply([]byte{Version, 0, 0, 0, 0, 0, 0, 0xff, 0xff}); err == nil {
+		t.Error("reply with unknown sections parsed")
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(sampleRequest().Append(nil))
+	f.Add((&Reply{Code: CodeOK, Entries: []DirEntry{{Name: "a"}}}).Append(nil))
+	f.Add((&Callback{Kind: CallbackRevoke, Ino: 1}).Append(nil))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if r, err := ParseRequest(b); err == nil {
+			if _, err := ParseRequest(r.Append(nil)); err != nil {
+				t.Fatalf("re-encoded request does not parse: %v", err)
+			}
+		}
+		if r, err := ParseReply(b); err == nil {
+			if _, err := ParseReply(r.Append(nil)); err != nil {
+				t.Fatalf("re-encoded reply does not parse: %v", err)
+			}
+		}
+		_, _ = ParseCallback(b)
+	})
+}
