@@ -1,0 +1,243 @@
+package transport
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/leasefs/leasefs/internal/ids"
+)
+
+// Frame layout, little-endian like package wire:
+//
+//	u32 length   bytes after this field: frameFixed + len(body)
+//	u8  version  frameVersion
+//	u8  kind
+//	u64 client, u64 session, u64 seq
+//	body
+const (
+	frameVersion = 1
+	frameFixed   = 2 + 3*8
+	frameHead    = 4 + frameFixed
+	// MaxBody bounds a request, reply or callback body: a 4 MiB data chunk
+	// plus room for the wire message around it.
+	MaxBody = 4<<20 + 64<<10
+)
+
+type kind uint8
+
+const (
+	kindHello         kind = 1 // client → server, first stream: proof of the secret
+	kindHelloOK       kind = 2
+	kindRefused       kind = 3 // body: reason
+	kindRequest       kind = 4
+	kindReply         kind = 5
+	kindCallback      kind = 6 // server → client
+	kindCallbackReply kind = 7
+	kindError         kind = 8 // body: u8 errCode, then a message; the transport, not the application, answered
+)
+
+func (k kind) String() string {
+	switch k {
+	case kindHello:
+		return "hello"
+	case kindHelloOK:
+		return "hello-ok"
+	case kindRefused:
+		return "refused"
+	case kindRequest:
+		return "request"
+	case kindReply:
+		return "reply"
+	case kindCallback:
+		return "callback"
+	case kindCallbackReply:
+		return "callback-reply"
+	case kindError:
+		return "error"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// errCode says why the transport answered a request with kindError.
+type errCode uint8
+
+const (
+	errCodeMalformed errCode = 1
+	errCodeVersion   errCode = 2
+	errCodeTooLarge  errCode = 3
+	errCodeEvicted   errCode = 4 // the reply to this seq is no longer cached
+	errCodeShutdown  errCode = 5
+)
+
+var (
+	errFrameShort   = errors.New("transport: frame truncated")
+	errFrameVersion = errors.New("transport: unsupported frame version")
+	errFrameKind    = errors.New("transport: unknown frame kind")
+	errFrameTrail   = errors.New("transport: trailing bytes after frame")
+)
+
+type frame struct {
+	kind kind
+	Header
+	body []byte
+}
+
+// appendHead appends a frame's length, version, kind and header for a body of
+// bodyLen bytes; the body follows.
+func appendHead(dst []byte, k kind, h Header, bodyLen int) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(frameFixed+bodyLen))
+	dst = append(dst, frameVersion, byte(k))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(h.Client))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(h.Session))
+	dst = binary.LittleEndian.AppendUint64(dst, h.Seq)
+	return dst
+}
+
+func appendFrame(dst []byte, f frame) []byte {
+	return append(appendHead(dst, f.kind, f.Header, len(f.body)), f.body...)
+}
+
+// parseHead checks the fixed part of a frame and returns the body length. It
+// rejects an unknown version before looking at anything else so that a future
+// peer gets a clear error rather than misparsed fields.
+func parseHead(b *[frameHead]byte) (kind, Header, int, error) {
+	n := binary.LittleEndian.Uint32(b[0:4])
+	if v := b[4]; v != frameVersion {
+		return 0, Header{}, 0, fmt.Errorf("%w %d (want %d)", errFrameVersion, v, frameVersion)
+	}
+	if n < frameFixed {
+		return 0, Header{}, 0, fmt.Errorf("%w: length %d", errFrameShort, n)
+	}
+	if n-frameFixed > MaxBody {
+		return 0, Header{}, 0, fmt.Errorf("%w: body of %d bytes (max %d)", ErrTooLarge, n-frameFixed, MaxBody)
+	}
+	k := kind(b[5])
+	if k < kindHello || k > kindError {
+		return 0, Header{}, 0, fmt.Errorf("%w %d", errFrameKind, b[5])
+	}
+	h := Header{
+		Client:  ids.ClientID(binary.LittleEndian.Uint64(b[6:14])),
+		Session: ids.SessionID(binary.LittleEndian.Uint64(b[14:22])),
+		Seq:     binary.LittleEndian.Uint64(b[22:30]),
+	}
+	return k, h, int(n - frameFixed), nil
+}
+
+// parseFrame parses exactly one frame from b.
+func parseFrame(b []byte) (frame, error) {
+	if len(b) < frameHead {
+		return frame{}, errFrameShort
+	}
+	k, h, n, err := parseHead((*[frameHead]byte)(b[:frameHead]))
+	if err != nil {
+		return frame{}, err
+	}
+	rest := b[frameHead:]
+	if len(rest) < n {
+		return frame{}, errFrameShort
+	}
+	if len(rest) > n {
+		return frame{}, errFrameTrail
+	}
+	return frame{kind: k, Header: h, body: rest[:n:n]}, nil
+}
+
+// readFrame reads one frame. head is scratch space owned by the caller's
+// stream so the fixed part costs no allocation; the body is freshly allocated
+// and owned by the caller.
+func readFrame(r io.Reader, head *[frameHead]byte) (frame, error) {
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return frame{}, err
+	}
+	k, h, n, err := parseHead(head)
+	if err != nil {
+		return frame{}, err
+	}
+	var body []byte
+	if n > 0 {
+		body = make([]byte, n)
+		if _, err := io.ReadFull(r, body); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return frame{}, err
+		}
+	}
+	return frame{kind: k, Header: h, body: body}, nil
+}
+
+// smallFrame is the body size up to which a frame is copied into one buffer
+// and written at once; bigger bodies are written in place after the head.
+const smallFrame = 16 << 10
+
+// writeFrame writes one frame; scratch is reusable space owned by the caller.
+func writeFrame(w io.Writer, scratch *[]byte, k kind, h Header, body []byte) error {
+	if len(body) > MaxBody {
+		return ErrTooLarge
+	}
+	buf := appendHead((*scratch)[:0], k, h, len(body))
+	if len(body) <= smallFrame {
+		buf = append(buf, body...)
+		*scratch = buf
+		_, err := w.Write(buf)
+		return err
+	}
+	*scratch = buf
+	if _, err := w.Write(buf); err != nil {
+		return err
+	}
+	_, err := w.Write(body)
+	return err
+}
+
+func errorBody(c errCode, msg string) []byte {
+	return append([]byte{byte(c)}, msg...)
+}
+
+// remoteError turns a kindError body into an error for the caller.
+func remoteError(body []byte) error {
+	if len(body) == 0 {
+		return fmt.Errorf("%w: empty error frame", ErrProtocol)
+	}
+	msg := string(body[1:])
+	switch errCode(body[0]) {
+	case errCodeTooLarge:
+		return fmt.Errorf("%w (server: %s)", ErrTooLarge, msg)
+	case errCodeEvicted:
+		return fmt.Errorf("%w (server: %s)", ErrReplyEvicted, msg)
+	case errCodeShutdown:
+		return fmt.Errorf("%w (server: %s)", errServerShutdown, msg)
+	}
+	return fmt.Errorf("%w (server: %s)", ErrProtocol, msg)
+}
+
+// hello is the body of kindHello: the proof of the secret and the name the
+// client announces.
+type hello struct {
+	proof [32]byte
+	host  string
+}
+
+const maxHost = 255
+
+func (m hello) append(dst []byte) []byte {
+	dst = append(dst, m.proof[:]...)
+	dst = append(dst, byte(len(m.host)))
+	return append(dst, m.host...)
+}
+
+func parseHello(b []byte) (hello, error) {
+	var m hello
+	if len(b) < 33 {
+		return m, errFrameShort
+	}
+	copy(m.proof[:], b)
+	n := int(b[32])
+	if len(b) != 33+n {
+		return m, fmt.Errorf("%w: hello host length", ErrProtocol)
+	}
+	m.host = string(b[33:])
+	return m, nil
+}

@@ -1,0 +1,225 @@
+package transport
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Identity is a cluster's TLS identity (a self-signed ECDSA P-256 certificate)
+// and the shared secret clients prove they know.
+type Identity struct {
+	Cert   tls.Certificate
+	Secret [32]byte
+}
+
+// Token is what a client needs to reach a cluster: the hash of the server
+// certificate it pins and the shared secret.
+type Token struct {
+	CertHash [32]byte
+	Secret   [32]byte
+}
+
+const (
+	identityFile  = "identity"
+	tokenFile     = "token"
+	tokenPrefix   = "lfs1-"
+	pemSecretType = "LEASEFS SECRET"
+)
+
+// LoadOrCreateIdentity loads DIR/identity (certificate, key and secret, mode
+// 0600) or creates it when missing, and (re)writes DIR/token (mode 0600).
+// created reports whether a new identity was made.
+func LoadOrCreateIdentity(dir string) (id *Identity, created bool, err error) {
+	path := filepath.Join(dir, identityFile)
+	data, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		id, err = parseIdentity(data)
+		if err != nil {
+			return nil, false, fmt.Errorf("transport: identity %s: %w", path, err)
+		}
+	case errors.Is(err, fs.ErrNotExist):
+		id, data, err = newIdentity()
+		if err != nil {
+			return nil, false, err
+		}
+		if err := writeFileAtomic(path, data); err != nil {
+			return nil, false, fmt.Errorf("transport: write identity: %w", err)
+		}
+		created = true
+	default:
+		return nil, false, fmt.Errorf("transport: read identity: %w", err)
+	}
+	if err := writeFileAtomic(filepath.Join(dir, tokenFile), []byte(id.Token()+"\n")); err != nil {
+		return nil, false, fmt.Errorf("transport: write token: %w", err)
+	}
+	return id, created, nil
+}
+
+// NewIdentity makes a fresh identity in memory (tests, embedded servers that
+// keep nothing).
+func NewIdentity() (*Identity, error) {
+	id, _, err := newIdentity()
+	return id, err
+}
+
+func newIdentity() (*Identity, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("transport: generate key: %w", err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, nil, fmt.Errorf("transport: serial: %w", err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "leasefs"},
+		DNSNames:     []string{"leasefs"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		// clients pin the certificate by hash, so expiry would only break clusters
+		NotAfter:    time.Now().AddDate(100, 0, 0),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("transport: create certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("transport: marshal key: %w", err)
+	}
+	var secret [32]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		return nil, nil, fmt.Errorf("transport: secret: %w", err)
+	}
+	var buf []byte
+	buf = append(buf, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	buf = append(buf, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})...)
+	buf = append(buf, pem.EncodeToMemory(&pem.Block{Type: pemSecretType, Bytes: secret[:]})...)
+	id, err := parseIdentity(buf)
+	return id, buf, err
+}
+
+func parseIdentity(data []byte) (*Identity, error) {
+	var certPEM, keyPEM []byte
+	var secret []byte
+	for {
+		var b *pem.Block
+		b, data = pem.Decode(data)
+		if b == nil {
+			break
+		}
+		switch b.Type {
+		case "CERTIFICATE":
+			certPEM = pem.EncodeToMemory(b)
+		case "PRIVATE KEY", "EC PRIVATE KEY":
+			keyPEM = pem.EncodeToMemory(b)
+		case pemSecretType:
+			secret = b.Bytes
+		}
+	}
+	if certPEM == nil || keyPEM == nil || len(secret) != 32 {
+		return nil, errors.New("needs a CERTIFICATE, a PRIVATE KEY and a 32-byte " + pemSecretType + " block")
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	id := &Identity{Cert: cert}
+	copy(id.Secret[:], secret)
+	return id, nil
+}
+
+// writeFileAtomic writes via a temporary file and rename so a crash never
+// leaves a half-written identity behind.
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// CertHash is the SHA-256 of the certificate's DER encoding, which clients pin.
+func (id *Identity) CertHash() [32]byte {
+	return sha256.Sum256(id.Cert.Certificate[0])
+}
+
+// TokenValue returns the identity's token as a value.
+func (id *Identity) TokenValue() Token {
+	return Token{CertHash: id.CertHash(), Secret: id.Secret}
+}
+
+// Token returns "lfs1-" + hex(sha256(cert DER)) + "-" + hex(secret).
+func (id *Identity) Token() string { return id.TokenValue().String() }
+
+// String formats the token as ParseToken reads it. It contains the secret.
+func (t Token) String() string {
+	return tokenPrefix + hex.EncodeToString(t.CertHash[:]) + "-" + hex.EncodeToString(t.Secret[:])
+}
+
+// ParseToken parses a token written by Identity.Token.
+func ParseToken(s string) (Token, error) {
+	var t Token
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return t, errors.New("transport: token: empty")
+	}
+	rest, ok := strings.CutPrefix(s, tokenPrefix)
+	if !ok {
+		return t, errors.New(`transport: token: does not start with "lfs1-" (not a leasefs token, or from another version)`)
+	}
+	hashHex, secretHex, ok := strings.Cut(rest, "-")
+	if !ok || len(hashHex) != 64 || len(secretHex) != 64 {
+		return t, errors.New("transport: token: wrong length (want lfs1-<64 hex digits>-<64 hex digits>; was it cut off?)")
+	}
+	if _, err := hex.Decode(t.CertHash[:], []byte(hashHex)); err != nil {
+		return Token{}, fmt.Errorf("transport: token: certificate hash: %w", err)
+	}
+	if _, err := hex.Decode(t.Secret[:], []byte(secretHex)); err != nil {
+		return Token{}, fmt.Errorf("transport: token: secret: %w", err)
+	}
+	return t, nil
+}
+
+// ReadTokenFile reads a token from a file such as a server's DIR/token.
+func ReadTokenFile(path string) (Token, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Token{}, fmt.Errorf("transport: token file: %w", err)
+	}
+	t, err := ParseToken(string(data))
+	if err != nil {
+		return Token{}, fmt.Errorf("%w (in %s)", err, path)
+	}
+	return t, nil
+}

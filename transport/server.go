@@ -1,0 +1,438 @@
+package transport
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/leasefs/leasefs/internal/ids"
+)
+
+// Request is one request as the server application sees it.
+type Request struct {
+	Header
+	Body []byte      // owned by the handler
+	Conn *ServerConn // the connection it arrived on (a retry may arrive on another)
+}
+
+// Handler executes a request and returns the reply body. It is called
+// concurrently, at most once per (client, session, seq) while that seq is in
+// the reply cache. The transport keeps the returned slice for duplicates: do
+// not modify it afterwards. ctx ends only when the server closes, not when the
+// connection is lost, so that a retry on a new connection finds the reply.
+type Handler func(ctx context.Context, req *Request) []byte
+
+// ServerConfig configures Listen.
+type ServerConfig struct {
+	Identity *Identity
+	Logger   *slog.Logger
+	Faults   *Faults // nil: no fault injection
+	// ReplyCacheSize is the number of finished replies kept per session
+	// (default 1024). Older ones are forgotten and their seqs refused.
+	ReplyCacheSize int
+	// ReplyCacheBytes bounds the reply bytes kept per session (default
+	// 32 MiB). Beyond it the oldest reply bodies are dropped (their seqs are
+	// still remembered and a retry gets ErrReplyEvicted, never a second
+	// execution).
+	ReplyCacheBytes int
+}
+
+const (
+	defaultReplyCacheSize  = 1024
+	defaultReplyCacheBytes = 32 << 20
+)
+
+// Server accepts authenticated QUIC connections and serves requests.
+type Server struct {
+	cfg   ServerConfig
+	h     Handler
+	log   *slog.Logger
+	udp   *net.UDPConn
+	tr    *quic.Transport
+	ln    *quic.Listener
+	ctx   context.Context // handlers' context: ends at Close
+	stop  context.CancelFunc
+	wg    sync.WaitGroup
+	cbSeq atomic.Uint64
+
+	mu       sync.Mutex
+	closed   bool
+	latest   map[ids.ClientID]*ServerConn // a client's most recent authenticated connection
+	conns    map[*ServerConn]struct{}
+	sessions map[sessionKey]*replyCache
+}
+
+// ServerConn is one authenticated client connection.
+type ServerConn struct {
+	qc     *quic.Conn
+	client ids.ClientID
+	host   string
+}
+
+// RemoteAddr is the client's address.
+func (c *ServerConn) RemoteAddr() net.Addr { return c.qc.RemoteAddr() }
+
+// Client is the client id the connection authenticated with.
+func (c *ServerConn) Client() ids.ClientID { return c.client }
+
+// Host is the hostname the client announced (for logs and admin output; not
+// verified).
+func (c *ServerConn) Host() string { return c.host }
+
+// Listen starts a server on addr ("host:port"; port 0 picks one).
+func Listen(addr string, cfg ServerConfig, h Handler) (*Server, error) {
+	if cfg.Identity == nil {
+		return nil, errors.New("transport: listen: no identity")
+	}
+	if h == nil {
+		return nil, errors.New("transport: listen: no handler")
+	}
+	if cfg.ReplyCacheSize <= 0 {
+		cfg.ReplyCacheSize = defaultReplyCacheSize
+	}
+	if cfg.ReplyCacheBytes <= 0 {
+		cfg.ReplyCacheBytes = defaultReplyCacheBytes
+	}
+	uaddr, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: listen %s: %w", addr, err)
+	}
+	udp, err := net.ListenUDP("udp", uaddr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: listen %s: %w", addr, err)
+	}
+	var pc net.PacketConn = udp
+	if cfg.Faults != nil {
+		pc = cfg.Faults.Wrap(udp)
+	}
+	tr := &quic.Transport{Conn: pc, StatelessResetKey: statelessResetKey(cfg.Identity.Secret)}
+	tlsConf := &tls.Config{
+		Certificates: []tls.Certificate{cfg.Identity.Cert},
+		NextProtos:   []string{alpn},
+		MinVersion:   tls.VersionTLS13,
+	}
+	ln, err := tr.Listen(tlsConf, quicConfig(maxStreams))
+	if err != nil {
+		tr.Close()
+		udp.Close()
+		return nil, fmt.Errorf("transport: listen %s: %w", addr, err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	s := &Server{
+		cfg: cfg, h: h, log: orDiscard(cfg.Logger),
+		udp: udp, tr: tr, ln: ln, ctx: ctx, stop: stop,
+		latest:   make(map[ids.ClientID]*ServerConn),
+		conns:    make(map[*ServerConn]struct{}),
+		sessions: make(map[sessionKey]*replyCache),
+	}
+	s.wg.Add(1)
+	go s.acceptLoop()
+	return s, nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() net.Addr { return s.udp.LocalAddr() }
+
+// Close stops accepting, closes every connection and waits for the
+// connection loops (not for running handlers, whose ctx it cancels).
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	conns := make([]*ServerConn, 0, len(s.conns))
+	for c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	s.stop()
+	s.ln.Close()
+	for _, c := range conns {
+		c.qc.CloseWithError(closeNormal, "server closing")
+	}
+	err := s.tr.Close()
+	s.udp.Close()
+	s.wg.Wait()
+	return err
+}
+
+// Connected reports whether the client has an authenticated connection.
+func (s *Server) Connected(client ids.ClientID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.latest[client]
+	return c != nil && c.qc.Context().Err() == nil
+}
+
+// ForgetSession drops the reply cache of a session (after the lease layer
+// forgot it); a later request of that session executes as new.
+func (s *Server) ForgetSession(client ids.ClientID, session ids.SessionID) {
+	s.mu.Lock()
+	delete(s.sessions, sessionKey{client, session})
+	s.mu.Unlock()
+}
+
+// Callback sends body to the client's most recent authenticated connection
+// and returns the client application's reply (its acknowledgement). It fails
+// at once with ErrNotConnected if the client has no live connection; it does
+// not retry (the lease layer decides what an unacknowledged callback means).
+func (s *Server) Callback(ctx context.Context, client ids.ClientID, body []byte) ([]byte, error) {
+	if len(body) > MaxBody {
+		return nil, ErrTooLarge
+	}
+	s.mu.Lock()
+	c := s.latest[client]
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if c == nil || c.qc.Context().Err() != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNotConnected, client)
+	}
+	st, err := c.qc.OpenStreamSync(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("transport: callback to %v: %w", client, ctx.Err())
+		}
+		return nil, fmt.Errorf("%w: %v: %v", ErrNotConnected, client, err)
+	}
+	stop := context.AfterFunc(ctx, func() { cancelStream(st) })
+	defer stop()
+	var scratch []byte
+	var head [frameHead]byte
+	h := Header{Client: client, Seq: s.cbSeq.Add(1)}
+	err = writeFrame(st, &scratch, kindCallback, h, body)
+	if err == nil {
+		err = st.Close()
+	}
+	var f frame
+	if err == nil {
+		f, err = readFrame(st, &head)
+	}
+	if err != nil {
+		cancelStream(st)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("transport: callback to %v: %w", client, ctx.Err())
+		}
+		return nil, fmt.Errorf("transport: callback to %v: connection failed: %w", client, err)
+	}
+	if f.kind != kindCallbackReply {
+		cancelStream(st)
+		return nil, fmt.Errorf("%w: callback answered with %v", ErrProtocol, f.kind)
+	}
+	return f.body, nil
+}
+
+func cancelStream(st *quic.Stream) {
+	st.CancelRead(streamCancel)
+	st.CancelWrite(streamCancel)
+}
+
+func (s *Server) acceptLoop() {
+	defer s.wg.Done()
+	for {
+		qc, err := s.ln.Accept(s.ctx)
+		if err != nil {
+			return
+		}
+		s.wg.Add(1)
+		go s.serveConn(qc)
+	}
+}
+
+// serveConn authenticates a connection on its first stream, then serves
+// request streams. No stream other than the hello is accepted before the
+// proof checks out.
+func (s *Server) serveConn(qc *quic.Conn) {
+	defer s.wg.Done()
+	sc, err := s.authenticate(qc)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		qc.CloseWithError(closeNormal, "server closing")
+		return
+	}
+	s.conns[sc] = struct{}{}
+	s.latest[sc.client] = sc
+	s.mu.Unlock()
+	s.log.Debug("client connected", "client", sc.client, "host", sc.host, "addr", qc.RemoteAddr())
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, sc)
+		if s.latest[sc.client] == sc {
+			delete(s.latest, sc.client)
+		}
+		s.mu.Unlock()
+		s.log.Debug("client disconnected", "client", sc.client, "addr", qc.RemoteAddr())
+	}()
+	for {
+		st, err := qc.AcceptStream(qc.Context())
+		if err != nil {
+			return
+		}
+		go s.serveStream(sc, st)
+	}
+}
+
+func (s *Server) authenticate(qc *quic.Conn) (*ServerConn, error) {
+	ctx, cancel := context.WithTimeout(qc.Context(), authTimeout)
+	defer cancel()
+	st, err := qc.AcceptStream(ctx)
+	if err != nil {
+		qc.CloseWithError(closeProto, "no hello")
+		return nil, err
+	}
+	st.SetDeadline(time.Now().Add(authTimeout))
+	var head [frameHead]byte
+	f, err := readFrame(st, &head)
+	if err == nil && f.kind != kindHello {
+		err = fmt.Errorf("%w: first frame is %v, not hello", ErrProtocol, f.kind)
+	}
+	var m hello
+	if err == nil {
+		m, err = parseHello(f.body)
+	}
+	if err != nil {
+		s.log.Warn("refused client: bad hello", "addr", qc.RemoteAddr(), "err", err)
+		qc.CloseWithError(closeProto, "bad hello")
+		return nil, err
+	}
+	want, err := authProof(s.cfg.Identity.Secret, qc.ConnectionState().TLS)
+	if err != nil {
+		qc.CloseWithError(closeProto, "tls exporter")
+		return nil, err
+	}
+	var scratch []byte
+	if !hmac.Equal(want[:], m.proof[:]) {
+		s.log.Warn("refused client: bad token", "addr", qc.RemoteAddr(), "client", f.Client, "host", m.host)
+		writeFrame(st, &scratch, kindRefused, f.Header, []byte("bad token"))
+		st.Close()
+		// The close code tells the client too, should the frame not arrive first.
+		qc.CloseWithError(closeRefused, "bad token")
+		return nil, ErrAuth
+	}
+	if err := writeFrame(st, &scratch, kindHelloOK, f.Header, nil); err != nil {
+		qc.CloseWithError(closeProto, "hello reply")
+		return nil, err
+	}
+	st.Close()
+	return &ServerConn{qc: qc, client: f.Client, host: m.host}, nil
+}
+
+// serveStream serves requests on one long-lived stream, one at a time, until
+// the client closes it.
+func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
+	var head [frameHead]byte
+	var scratch []byte
+	// fail answers with a transport error and gives up the stream.
+	fail := func(h Header, c errCode, err error) {
+		writeFrame(st, &scratch, kindError, h, errorBody(c, err.Error()))
+		st.Close()
+		st.CancelRead(streamCancel)
+	}
+	for {
+		f, err := readFrame(st, &head)
+		if err != nil {
+			switch {
+			case errors.Is(err, io.EOF):
+				st.Close()
+			case errors.Is(err, errFrameVersion):
+				s.log.Warn("request with unsupported frame version", "client", sc.client, "addr", sc.RemoteAddr(), "err", err)
+				fail(Header{}, errCodeVersion, err)
+			case errors.Is(err, ErrTooLarge):
+				s.log.Warn("request too large", "client", sc.client, "addr", sc.RemoteAddr(), "err", err)
+				fail(Header{}, errCodeTooLarge, err)
+			case errors.Is(err, errFrameKind), errors.Is(err, errFrameShort):
+				s.log.Warn("malformed request", "client", sc.client, "addr", sc.RemoteAddr(), "err", err)
+				fail(Header{}, errCodeMalformed, err)
+			default: // stream or connection gone
+				st.CancelWrite(streamCancel)
+			}
+			return
+		}
+		if f.kind != kindRequest {
+			fail(f.Header, errCodeMalformed, fmt.Errorf("%w: %v frame on a request stream", ErrProtocol, f.kind))
+			return
+		}
+		if f.Client != sc.client {
+			// A connection speaks for the client it authenticated as only, so
+			// nobody can read or poison another client's reply cache.
+			s.log.Warn("request for another client id", "conn", sc.client, "request", f.Client, "addr", sc.RemoteAddr())
+			fail(f.Header, errCodeMalformed, fmt.Errorf("%w: client id %v differs from the connection's", ErrProtocol, f.Client))
+			return
+		}
+		reply, code, err := s.execute(sc, &Request{Header: f.Header, Body: f.body, Conn: sc})
+		if err == nil && len(reply) > MaxBody {
+			s.log.Error("handler reply too large", "req", f.Header, "bytes", len(reply))
+			code, err = errCodeTooLarge, fmt.Errorf("%w: reply of %d bytes", ErrTooLarge, len(reply))
+		}
+		if err != nil {
+			if code == errCodeShutdown {
+				st.CancelWrite(streamCancel)
+				return
+			}
+			err = writeFrame(st, &scratch, kindError, f.Header, errorBody(code, err.Error()))
+		} else {
+			err = writeFrame(st, &scratch, kindReply, f.Header, reply)
+		}
+		if err != nil {
+			st.CancelRead(streamCancel)
+			return
+		}
+		// Don't pin a large scratch buffer on an idle stream.
+		if cap(scratch) > 2*smallFrame {
+			scratch = nil
+		}
+	}
+}
+
+// execute runs the handler at most once per (client, session, seq).
+func (s *Server) execute(sc *ServerConn, req *Request) ([]byte, errCode, error) {
+	key := sessionKey{req.Client, req.Session}
+	s.mu.Lock()
+	rc := s.sessions[key]
+	if rc == nil {
+		rc = newReplyCache(s.cfg.ReplyCacheSize, s.cfg.ReplyCacheBytes)
+		s.sessions[key] = rc
+	}
+	s.mu.Unlock()
+
+	e, run, err := rc.begin(req.Seq)
+	if err != nil {
+		return nil, errCodeEvicted, fmt.Errorf("%w: %v", err, req.Header)
+	}
+	if run {
+		reply := s.h(s.ctx, req)
+		rc.finish(req.Seq, e, reply)
+		return reply, 0, nil
+	}
+	// A duplicate: wait for the first execution, wherever it runs.
+	select {
+	case <-e.done:
+	case <-sc.qc.Context().Done():
+		return nil, errCodeShutdown, errServerShutdown
+	case <-s.ctx.Done():
+		return nil, errCodeShutdown, errServerShutdown
+	}
+	reply, ok := rc.result(e)
+	if !ok {
+		return nil, errCodeEvicted, fmt.Errorf("%w: %v (reply body dropped)", ErrReplyEvicted, req.Header)
+	}
+	return reply, 0, nil
+}

@@ -1,0 +1,371 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasefs/leasefs/internal/ids"
+)
+
+var (
+	testIDOnce sync.Once
+	testID     *Identity
+)
+
+// identity returns one identity shared by the tests (key generation is the
+// slow part of setup).
+func identity(t testing.TB) *Identity {
+	testIDOnce.Do(func() {
+		var err error
+		testID, err = NewIdentity()
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	return testID
+}
+
+// echo replies "re:" + body.
+func echo(_ context.Context, r *Request) []byte {
+	return append([]byte("re:"), r.Body...)
+}
+
+func listen(t testing.TB, cfg ServerConfig, h Handler) *Server {
+	t.Helper()
+	if cfg.Identity == nil {
+		cfg.Identity = identity(t)
+	}
+	s, err := Listen("127.0.0.1:0", cfg, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func client(t testing.TB, addr string, cfg ClientConfig) *Client {
+	t.Helper()
+	if cfg.Token == (Token{}) {
+		cfg.Token = identity(t).TokenValue()
+	}
+	if cfg.ClientID == 0 {
+		cfg.ClientID = 7
+	}
+	if cfg.Hostname == "" {
+		cfg.Hostname = "testhost"
+	}
+	c := NewClient(addr, cfg)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestCallRoundTrip(t *testing.T) {
+	var gotConn atomic.Pointer[ServerConn]
+	s := listen(t, ServerConfig{}, func(ctx context.Context, r *Request) []byte {
+		gotConn.Store(r.Conn)
+		return echo(ctx, r)
+	})
+	c := client(t, s.Addr().String(), ClientConfig{ClientID: 42, Hostname: "box1"})
+	ctx := ctxT(t, 10*time.Second)
+	if err := c.Dial(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Connected(42) {
+		t.Fatal("server does not see client 42 connected")
+	}
+	for i := range 50 {
+		body := fmt.Appendf(nil, "hello %d", i)
+		reply, err := c.Call(ctx, Header{Client: 42, Session: 1, Seq: uint64(i + 1)}, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "re:" + string(body); string(reply) != want {
+			t.Fatalf("reply %q, want %q", reply, want)
+		}
+	}
+	sc := gotConn.Load()
+	if sc.Client() != 42 || sc.Host() != "box1" || sc.RemoteAddr() == nil {
+		t.Fatalf("conn: client %v host %q addr %v", sc.Client(), sc.Host(), sc.RemoteAddr())
+	}
+	// empty bodies both ways
+	s2 := listen(t, ServerConfig{}, func(context.Context, *Request) []byte { return nil })
+	c2 := client(t, s2.Addr().String(), ClientConfig{})
+	reply, err := c2.Call(ctx, Header{Client: 7, Session: 1, Seq: 1}, nil)
+	if err != nil || len(reply) != 0 {
+		t.Fatalf("empty call: %q, %v", reply, err)
+	}
+}
+
+func TestConcurrentCalls(t *testing.T) {
+	s := listen(t, ServerConfig{}, func(ctx context.Context, r *Request) []byte {
+		time.Sleep(time.Millisecond)
+		return echo(ctx, r)
+	})
+	c := client(t, s.Addr().String(), ClientConfig{})
+	ctx := ctxT(t, 20*time.Second)
+	var wg sync.WaitGroup
+	var seq atomic.Uint64
+	errs := make(chan error, 1000)
+	for range 32 {
+		wg.Go(func() {
+			for range 20 {
+				n := seq.Add(1)
+				body := fmt.Appendf(nil, "%d", n)
+				reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: n}, body)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if string(reply) != "re:"+string(body) {
+					errs <- fmt.Errorf("seq %d: reply %q", n, reply)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// logBuffer collects log lines for assertions.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestAuthWrongSecret(t *testing.T) {
+	var logs logBuffer
+	var served atomic.Int32
+	s := listen(t, ServerConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		func(ctx context.Context, r *Request) []byte { served.Add(1); return nil })
+	tok := identity(t).TokenValue()
+	tok.Secret[0] ^= 1
+	c := client(t, s.Addr().String(), ClientConfig{Token: tok})
+	start := time.Now()
+	err := c.Dial(ctxT(t, 10*time.Second))
+	if !errors.Is(err, ErrAuth) {
+		t.Fatalf("Dial: %v, want ErrAuth", err)
+	}
+	// Call must not retry a refusal forever.
+	_, err = c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 1}, []byte("x"))
+	if !errors.Is(err, ErrAuth) {
+		t.Fatalf("Call: %v, want ErrAuth", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("refusal took %v", d)
+	}
+	if served.Load() != 0 {
+		t.Fatal("handler ran for an unauthenticated client")
+	}
+	if s.Connected(7) {
+		t.Fatal("refused client counts as connected")
+	}
+	if l := logs.String(); !strings.Contains(l, "refused client: bad token") || !strings.Contains(l, "127.0.0.1:") {
+		t.Fatalf("refusal not logged with address: %q", l)
+	}
+}
+
+func TestAuthWrongCert(t *testing.T) {
+	other, err := NewIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := listen(t, ServerConfig{Identity: other}, echo)
+	// our token pins identity(t)'s certificate, but carries the right secret
+	tok := identity(t).TokenValue()
+	tok.Secret = other.Secret
+	c := client(t, s.Addr().String(), ClientConfig{Token: tok})
+	err = c.Dial(ctxT(t, 10*time.Second))
+	if !errors.Is(err, ErrWrongServer) {
+		t.Fatalf("Dial: %v, want ErrWrongServer", err)
+	}
+	_, err = c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 1}, nil)
+	if !errors.Is(err, ErrWrongServer) {
+		t.Fatalf("Call: %v, want ErrWrongServer", err)
+	}
+}
+
+func TestDialUnreachable(t *testing.T) {
+	s := listen(t, ServerConfig{}, echo)
+	addr := s.Addr().String()
+	s.Close()
+	c := client(t, addr, ClientConfig{DialTimeout: 500 * time.Millisecond})
+	start := time.Now()
+	err := c.Dial(ctxT(t, 10*time.Second))
+	if !errors.Is(err, ErrUnreachable) {
+		t.Fatalf("Dial: %v, want ErrUnreachable", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("took %v", d)
+	}
+	// Call keeps trying until its context ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	_, err = c.Call(ctx, Header{Client: 7, Session: 1, Seq: 1}, nil)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Call: %v, want deadline exceeded", err)
+	}
+}
+
+func TestCallback(t *testing.T) {
+	s := listen(t, ServerConfig{}, echo)
+	var got atomic.Value
+	c := client(t, s.Addr().String(), ClientConfig{ClientID: 9, Callback: func(_ context.Context, body []byte) []byte {
+		got.Store(string(body))
+		return append([]byte("ack:"), body...)
+	}})
+	ctx := ctxT(t, 10*time.Second)
+	if _, err := s.Callback(ctx, 9, []byte("revoke")); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("callback before connect: %v, want ErrNotConnected", err)
+	}
+	if err := c.Dial(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		body := fmt.Appendf(nil, "revoke %d", i)
+		reply, err := s.Callback(ctx, 9, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(reply) != "ack:"+string(body) || got.Load() != string(body) {
+			t.Fatalf("reply %q, client saw %q", reply, got.Load())
+		}
+	}
+	// a client that is gone: fail fast
+	c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Connected(9) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	if _, err := s.Callback(ctx, 9, []byte("x")); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("callback after close: %v, want ErrNotConnected", err)
+	}
+	if time.Since(start) > time.Second {
+		t.Fatal("callback to a gone client did not fail fast")
+	}
+}
+
+func TestCallbackTimeout(t *testing.T) {
+	s := listen(t, ServerConfig{}, echo)
+	block := make(chan struct{})
+	defer close(block)
+	c := client(t, s.Addr().String(), ClientConfig{ClientID: 9, Callback: func(ctx context.Context, body []byte) []byte {
+		<-block
+		return nil
+	}})
+	if err := c.Dial(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	_, err := s.Callback(ctx, 9, []byte("x"))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("callback: %v, want deadline exceeded", err)
+	}
+}
+
+func TestTooLarge(t *testing.T) {
+	s := listen(t, ServerConfig{}, func(_ context.Context, r *Request) []byte {
+		if string(r.Body) == "big" {
+			return make([]byte, MaxBody+1)
+		}
+		return []byte("ok")
+	})
+	c := client(t, s.Addr().String(), ClientConfig{})
+	ctx := ctxT(t, 10*time.Second)
+	if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 1}, make([]byte, MaxBody+1)); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("oversized request: %v", err)
+	}
+	if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 2}, []byte("big")); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("oversized reply: %v", err)
+	}
+	// exactly MaxBody is fine, and the client still works
+	reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 3}, make([]byte, MaxBody))
+	if err != nil || string(reply) != "ok" {
+		t.Fatalf("MaxBody request: %q, %v", reply, err)
+	}
+}
+
+func TestLargeCalls(t *testing.T) {
+	s := listen(t, ServerConfig{}, func(_ context.Context, r *Request) []byte {
+		// reply with the body reversed so corruption anywhere shows
+		out := make([]byte, len(r.Body))
+		for i, b := range r.Body {
+			out[len(out)-1-i] = b
+		}
+		return out
+	})
+	c := client(t, s.Addr().String(), ClientConfig{})
+	ctx := ctxT(t, 20*time.Second)
+	for i, n := range []int{1, smallFrame, smallFrame + 1, 1 << 20, 4 << 20} {
+		body := make([]byte, n)
+		for j := range body {
+			body[j] = byte(j*7 + i)
+		}
+		reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: uint64(i + 1)}, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := range body {
+			if reply[len(reply)-1-j] != body[j] {
+				t.Fatalf("size %d: byte %d differs", n, j)
+			}
+		}
+	}
+}
+
+func TestClosedClient(t *testing.T) {
+	s := listen(t, ServerConfig{}, echo)
+	c := client(t, s.Addr().String(), ClientConfig{})
+	ctx := ctxT(t, 10*time.Second)
+	if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 1}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 2}, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("call after close: %v", err)
+	}
+}
+
+func TestClientIDMustMatchConnection(t *testing.T) {
+	var served atomic.Int32
+	s := listen(t, ServerConfig{}, func(context.Context, *Request) []byte { served.Add(1); return nil })
+	c := client(t, s.Addr().String(), ClientConfig{ClientID: 1})
+	_, err := c.Call(ctxT(t, 10*time.Second), Header{Client: ids.ClientID(2), Session: 1, Seq: 1}, nil)
+	if !errors.Is(err, ErrProtocol) {
+		t.Fatalf("spoofed client id: %v, want ErrProtocol", err)
+	}
+	if served.Load() != 0 {
+		t.Fatal("request with a foreign client id was served")
+	}
+}
