@@ -153,7 +153,9 @@ func ParseFaultSpec(str string) (FaultSpec, error) {
 			err = durv(&s.Jitter)
 		case "cut":
 			if hasV {
-				s.Cut, err = strconv.ParseBool(v)
+				if s.Cut, err = strconv.ParseBool(v); err != nil {
+					err = fmt.Errorf("transport: faults: cut wants true or false, got %q", v)
+				}
 			} else {
 				s.Cut = true
 			}

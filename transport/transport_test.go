@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/leasefs/leasefs/internal/ids"
 )
 
@@ -367,5 +369,99 @@ func TestClientIDMustMatchConnection(t *testing.T) {
 	}
 	if served.Load() != 0 {
 		t.Fatal("request with a foreign client id was served")
+	}
+}
+
+// rawStream opens a request stream on an authenticated connection, for
+// sending frames the Client would never send.
+func rawStream(t *testing.T, c *Client) *quic.Stream {
+	t.Helper()
+	cc, err := c.conn(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := cc.qc.OpenStreamSync(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.SetDeadline(time.Now().Add(10 * time.Second))
+	return st
+}
+
+func TestBadFramesFromPeer(t *testing.T) {
+	var logs logBuffer
+	var served atomic.Int32
+	s := listen(t, ServerConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))},
+		func(context.Context, *Request) []byte { served.Add(1); return []byte("ok") })
+	c := client(t, s.Addr().String(), ClientConfig{})
+	cases := []struct {
+		name string
+		raw  func() []byte
+		want error
+		log  string
+	}{
+		{"unknown version", func() []byte {
+			b := appendFrame(nil, frame{kind: kindRequest, Header: Header{Client: 7, Session: 1, Seq: 1}})
+			b[4] = 9
+			return b
+		}, ErrProtocol, "unsupported frame version"},
+		{"oversized", func() []byte {
+			b := appendHead(nil, kindRequest, Header{Client: 7, Session: 1, Seq: 2}, MaxBody+1)
+			return append(b, make([]byte, 1000)...) // the rest never comes
+		}, ErrTooLarge, "request too large"},
+		{"wrong kind", func() []byte {
+			return appendFrame(nil, frame{kind: kindCallbackReply, Header: Header{Client: 7, Session: 1, Seq: 3}})
+		}, ErrProtocol, ""},
+	}
+	for _, tc := range cases {
+		st := rawStream(t, c)
+		if _, err := st.Write(tc.raw()); err != nil {
+			t.Fatal(err)
+		}
+		var head [frameHead]byte
+		f, err := readFrame(st, &head)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if f.kind != kindError {
+			t.Fatalf("%s: got %v frame, want error", tc.name, f.kind)
+		}
+		if err := remoteError(f.body); !errors.Is(err, tc.want) {
+			t.Fatalf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+		if tc.log != "" && !strings.Contains(logs.String(), tc.log) {
+			t.Fatalf("%s: not logged: %s", tc.name, logs.String())
+		}
+	}
+	if served.Load() != 0 {
+		t.Fatal("a bad frame reached the handler")
+	}
+	// the connection still serves proper calls
+	if r, err := c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 10}, nil); err != nil || string(r) != "ok" {
+		t.Fatalf("after bad frames: %q %v", r, err)
+	}
+}
+
+// A request with a seq older than the reply cache's window is refused rather
+// than executed again.
+func TestEvictedSeqRefused(t *testing.T) {
+	var runs atomic.Int32
+	s := listen(t, ServerConfig{ReplyCacheSize: 4}, func(context.Context, *Request) []byte { runs.Add(1); return nil })
+	c := client(t, s.Addr().String(), ClientConfig{})
+	ctx := ctxT(t, 10*time.Second)
+	for seq := uint64(1); seq <= 10; seq++ {
+		if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: seq}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 2}, nil); !errors.Is(err, ErrReplyEvicted) {
+		t.Fatalf("old seq: %v", err)
+	}
+	if runs.Load() != 10 {
+		t.Fatalf("ran %d times", runs.Load())
+	}
+	// other sessions are independent
+	if _, err := c.Call(ctx, Header{Client: 7, Session: 2, Seq: 2}, nil); err != nil {
+		t.Fatal(err)
 	}
 }

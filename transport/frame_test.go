@@ -1,0 +1,107 @@
+package transport
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"testing"
+)
+
+func TestFrameRoundTrip(t *testing.T) {
+	h := Header{Client: 1<<63 + 5, Session: 77, Seq: 1<<40 + 3}
+	for _, body := range [][]byte{nil, []byte("x"), make([]byte, smallFrame+10)} {
+		var buf bytes.Buffer
+		var scratch []byte
+		if err := writeFrame(&buf, &scratch, kindRequest, h, body); err != nil {
+			t.Fatal(err)
+		}
+		raw := append([]byte(nil), buf.Bytes()...)
+		f, err := parseFrame(raw)
+		if err != nil || f.kind != kindRequest || f.Header != h || !bytes.Equal(f.body, body) {
+			t.Fatalf("parse: %v %v %v len %d", err, f.kind, f.Header, len(f.body))
+		}
+		var head [frameHead]byte
+		f, err = readFrame(&buf, &head)
+		if err != nil || f.Header != h || !bytes.Equal(f.body, body) {
+			t.Fatalf("read: %v", err)
+		}
+	}
+}
+
+func TestFrameRejects(t *testing.T) {
+	good := appendFrame(nil, frame{kind: kindReply, Header: Header{Seq: 1}, body: []byte("abc")})
+	mod := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
+	cases := []struct {
+		name string
+		in   []byte
+		want error
+	}{
+		{"empty", nil, errFrameShort},
+		{"short head", good[:10], errFrameShort},
+		{"short body", good[:len(good)-1], errFrameShort},
+		{"trailing", append(append([]byte(nil), good...), 0), errFrameTrail},
+		{"version", mod(func(b []byte) []byte { b[4] = 2; return b }), errFrameVersion},
+		{"kind 0", mod(func(b []byte) []byte { b[5] = 0; return b }), errFrameKind},
+		{"kind 200", mod(func(b []byte) []byte { b[5] = 200; return b }), errFrameKind},
+		{"length below fixed", mod(func(b []byte) []byte { binary.LittleEndian.PutUint32(b, 3); return b }), errFrameShort},
+		{"too large", mod(func(b []byte) []byte { binary.LittleEndian.PutUint32(b, frameFixed+MaxBody+1); return b }), ErrTooLarge},
+		{"huge", mod(func(b []byte) []byte { binary.LittleEndian.PutUint32(b, 0xffffffff); return b }), ErrTooLarge},
+	}
+	for _, c := range cases {
+		if _, err := parseFrame(c.in); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	// the stream reader rejects an oversized length before allocating
+	var head [frameHead]byte
+	big := mod(func(b []byte) []byte { binary.LittleEndian.PutUint32(b, 0xffffffff); return b })
+	if _, err := readFrame(bytes.NewReader(big), &head); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("readFrame huge: %v", err)
+	}
+	if err := writeFrame(&bytes.Buffer{}, new([]byte), kindRequest, Header{}, make([]byte, MaxBody+1)); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("writeFrame oversized: %v", err)
+	}
+}
+
+func TestHelloCodec(t *testing.T) {
+	m := hello{host: "host.example"}
+	m.proof[3] = 9
+	got, err := parseHello(m.append(nil))
+	if err != nil || got != m {
+		t.Fatalf("%v %v", got, err)
+	}
+	if _, err := parseHello(m.append(nil)[:40]); err == nil {
+		t.Fatal("truncated hello accepted")
+	}
+	if _, err := parseHello(append(m.append(nil), 'x')); err == nil {
+		t.Fatal("hello with trailing byte accepted")
+	}
+}
+
+// FuzzParseFrame: the decoder returns errors, never panics, and whatever it
+// accepts re-encodes to the same bytes.
+func FuzzParseFrame(f *testing.F) {
+	f.Add(appendFrame(nil, frame{kind: kindRequest, Header: Header{Client: 1, Session: 2, Seq: 3}, body: []byte("hi")}))
+	f.Add(appendFrame(nil, frame{kind: kindError, body: errorBody(errCodeVersion, "v")}))
+	f.Add(appendFrame(nil, frame{kind: kindHello, body: hello{host: "h"}.append(nil)}))
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 1, 4})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fr, err := parseFrame(b)
+		if err == nil {
+			if out := appendFrame(nil, fr); !bytes.Equal(out, b) {
+				t.Fatalf("re-encoding differs")
+			}
+			var head [frameHead]byte
+			fr2, err := readFrame(bytes.NewReader(b), &head)
+			if err != nil || fr2.Header != fr.Header || !bytes.Equal(fr2.body, fr.body) {
+				t.Fatalf("readFrame disagrees with parseFrame: %v", err)
+			}
+			switch fr.kind {
+			case kindHello:
+				parseHello(fr.body)
+			case kindError:
+				_ = remoteError(fr.body)
+			}
+		}
+	})
+}

@@ -1,0 +1,76 @@
+package transport
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestLoadOrCreateIdentity(t *testing.T) {
+	dir := t.TempDir()
+	id, created, err := LoadOrCreateIdentity(dir)
+	if err != nil || !created {
+		t.Fatalf("create: %v, created %v", err, created)
+	}
+	for _, name := range []string{identityFile, tokenFile} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s has mode %v, want 0600", name, fi.Mode().Perm())
+		}
+	}
+	id2, created, err := LoadOrCreateIdentity(dir)
+	if err != nil || created {
+		t.Fatalf("load: %v, created %v", err, created)
+	}
+	if id2.Token() != id.Token() || id2.Secret != id.Secret {
+		t.Fatal("reloaded identity differs")
+	}
+	tok, err := ReadTokenFile(filepath.Join(dir, tokenFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok != id.TokenValue() || tok.String() != id.Token() {
+		t.Fatalf("token file %v, want %v", tok, id.Token())
+	}
+	if !strings.HasPrefix(id.Token(), "lfs1-") || len(id.Token()) != 5+64+1+64 {
+		t.Fatalf("token format: %q", id.Token())
+	}
+	// a damaged identity file is an error, not a silent new identity
+	if err := os.WriteFile(filepath.Join(dir, identityFile), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := LoadOrCreateIdentity(dir); err == nil {
+		t.Fatal("damaged identity accepted")
+	}
+}
+
+func TestParseToken(t *testing.T) {
+	id := identity(t)
+	good := id.Token()
+	tok, err := ParseToken("  " + good + "\n")
+	if err != nil || tok != id.TokenValue() {
+		t.Fatalf("good token: %v", err)
+	}
+	bad := map[string]string{
+		"":                                "empty",
+		"lfs2-" + good[5:]:                "lfs1-",
+		good[:len(good)-1]:                "wrong length",
+		good + "0":                        "wrong length",
+		good[:10] + "zz" + good[12:]:      "certificate hash",
+		good[:len(good)-2] + "zz":         "secret",
+		strings.Replace(good, "-", "", 2): "lfs1-",
+	}
+	for in, want := range bad {
+		_, err := ParseToken(in)
+		if err == nil || !strings.HasPrefix(err.Error(), "transport: token: ") || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseToken(%q) = %v, want error about %q", in, err, want)
+		}
+	}
+	if _, err := ReadTokenFile(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("missing token file accepted")
+	}
+}
