@@ -109,12 +109,53 @@ func newIdentity() (*Identity, []byte, error) {
 	if _, err := rand.Read(secret[:]); err != nil {
 		return nil, nil, fmt.Errorf("transport: secret: %w", err)
 	}
-	var buf []byte
-	buf = append(buf, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
-	buf = append(buf, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})...)
-	buf = append(buf, pem.EncodeToMemory(&pem.Block{Type: pemSecretType, Bytes: secret[:]})...)
+	buf := identityPEM(der, keyDER, secret)
 	id, err := parseIdentity(buf)
 	return id, buf, err
+}
+
+func identityPEM(certDER, keyDER []byte, secret [32]byte) []byte {
+	var buf []byte
+	buf = append(buf, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: certDER})...)
+	buf = append(buf, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})...)
+	buf = append(buf, pem.EncodeToMemory(&pem.Block{Type: pemSecretType, Bytes: secret[:]})...)
+	return buf
+}
+
+// PEM encodes the identity as DIR/identity holds it (certificate, key and
+// secret), for copying a cluster's identity to another server.
+func (id *Identity) PEM() ([]byte, error) {
+	keyDER, err := x509.MarshalPKCS8PrivateKey(id.Cert.PrivateKey)
+	if err != nil {
+		return nil, fmt.Errorf("transport: marshal key: %w", err)
+	}
+	return identityPEM(id.Cert.Certificate[0], keyDER, id.Secret), nil
+}
+
+// ParseIdentity reads what Identity.PEM wrote.
+func ParseIdentity(data []byte) (*Identity, error) {
+	id, err := parseIdentity(data)
+	if err != nil {
+		return nil, fmt.Errorf("transport: identity: %w", err)
+	}
+	return id, nil
+}
+
+// SaveIdentity writes id to DIR/identity and its token to DIR/token (both
+// 0600), replacing what is there: how a server joins a cluster whose
+// identity it was given.
+func SaveIdentity(dir string, id *Identity) error {
+	data, err := id.PEM()
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(dir, identityFile), data); err != nil {
+		return fmt.Errorf("transport: write identity: %w", err)
+	}
+	if err := writeFileAtomic(filepath.Join(dir, tokenFile), []byte(id.Token()+"\n")); err != nil {
+		return fmt.Errorf("transport: write token: %w", err)
+	}
+	return nil
 }
 
 func parseIdentity(data []byte) (*Identity, error) {

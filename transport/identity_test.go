@@ -39,6 +39,15 @@ func TestLoadOrCreateIdentity(t *testing.T) {
 	if !strings.HasPrefix(id.Token(), "lfs1-") || len(id.Token()) != 5+64+1+64 {
 		t.Fatalf("token format: %q", id.Token())
 	}
+	// copying the identity to another server's directory
+	dir2 := t.TempDir()
+	if err := SaveIdentity(dir2, id); err != nil {
+		t.Fatal(err)
+	}
+	id3, created, err := LoadOrCreateIdentity(dir2)
+	if err != nil || created || id3.Token() != id.Token() {
+		t.Fatalf("saved identity: %v created %v", err, created)
+	}
 	// a damaged identity file is an error, not a silent new identity
 	if err := os.WriteFile(filepath.Join(dir, identityFile), []byte("garbage"), 0o600); err != nil {
 		t.Fatal(err)
