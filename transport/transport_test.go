@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -463,5 +464,53 @@ func TestEvictedSeqRefused(t *testing.T) {
 	// other sessions are independent
 	if _, err := c.Call(ctx, Header{Client: 7, Session: 2, Seq: 2}, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestCloseDoesNotHangOrLeak(t *testing.T) {
+	before := runtime.NumGoroutine()
+	block := make(chan struct{})
+	s, err := Listen("127.0.0.1:0", ServerConfig{Identity: identity(t)}, func(ctx context.Context, r *Request) []byte {
+		select {
+		case <-block:
+		case <-ctx.Done(): // Close cancels handlers' context
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(s.Addr().String(), ClientConfig{Token: identity(t).TokenValue(), ClientID: 7})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Call(context.Background(), Header{Client: 7, Session: 1, Seq: 1}, nil)
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	// closing the client ends a call in progress with ErrClosed
+	c.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("call during Close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Call did not return after Close")
+	}
+	closed := make(chan struct{})
+	go func() { s.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Server.Close hangs on a running handler")
+	}
+	close(block)
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before+2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before+2 {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%d goroutines before, %d after close:\n%s", before, n, buf[:runtime.Stack(buf, true)])
 	}
 }
