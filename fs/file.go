@@ -1,0 +1,115 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/leasefs/leasefs/wire"
+)
+
+// fileHandle is an open file.
+type fileHandle struct {
+	n     *Node
+	flags uint32
+}
+
+var (
+	_ = (gofs.FileReader)((*fileHandle)(nil))
+	_ = (gofs.FileWriter)((*fileHandle)(nil))
+	_ = (gofs.FileFlusher)((*fileHandle)(nil))
+	_ = (gofs.FileFsyncer)((*fileHandle)(nil))
+	_ = (gofs.FileReleaser)((*fileHandle)(nil))
+)
+
+// Read reads from the server.
+func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	data, err := h.n.c.Read(ctx, h.n.ino(), uint64(off), len(dest))
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return fuse.ReadResultData(data), 0
+}
+
+// Write writes through to the server. O_APPEND writes go to the end as the
+// server sees it, so appends from several clients never overwrite each other.
+func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	req := &wire.Request{Op: wire.OpWrite, Ino: h.n.ino(), Off: uint64(off), Data: data}
+	if h.flags&syscall.O_APPEND != 0 {
+		req.Flags = syscall.O_APPEND
+	}
+	if _, err := h.n.c.Call(ctx, req); err != nil {
+		return 0, toErrno(err)
+	}
+	return uint32(len(data)), 0
+}
+
+// Flush is called on every close of a file descriptor.
+func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
+
+// Fsync returns once the file's data is durable on the server.
+func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	return toErrno(h.n.c.Fsync(ctx, h.n.ino()))
+}
+
+// Release is the last close of the handle.
+func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
+	return toErrno(h.n.c.Release(context.Background(), h.n.ino()))
+}
+
+// dirHandle streams a directory. Offsets 1 and 2 are "." and ".."; after
+// them an offset is the server's entry cookie plus 2, stable while entries
+// are added or removed.
+type dirHandle struct {
+	n     *Node
+	after uint64 // offset of the last entry returned
+	buf   []fuse.DirEntry
+	eof   bool
+}
+
+var (
+	_ = (gofs.FileReaddirenter)((*dirHandle)(nil))
+	_ = (gofs.FileSeekdirer)((*dirHandle)(nil))
+)
+
+const dotEntries = 2
+
+// Readdirent returns the next entry, nil at the end.
+func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	switch d.after {
+	case 0:
+		d.after = 1
+		return &fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: uint64(d.n.ino()), Off: 1}, 0
+	case 1:
+		d.after = 2
+		return &fuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Ino: 1, Off: 2}, 0
+	}
+	if len(d.buf) == 0 {
+		if d.eof {
+			return nil, 0
+		}
+		ents, err := d.n.c.ReadDir(ctx, d.n.ino(), d.after-dotEntries, 512)
+		if err != nil {
+			return nil, toErrno(err)
+		}
+		if len(ents) == 0 {
+			d.eof = true
+			return nil, 0
+		}
+		for _, e := range ents {
+			d.buf = append(d.buf, fuse.DirEntry{Name: e.Name, Ino: uint64(e.Ino), Mode: e.Mode, Off: e.Off + dotEntries})
+		}
+	}
+	de := d.buf[0]
+	d.buf = d.buf[1:]
+	d.after = de.Off
+	return &de, 0
+}
+
+// Seekdir continues the stream after offset off.
+func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	d.after, d.buf, d.eof = off, nil, false
+	return 0
+}

@@ -1,0 +1,52 @@
+package fs
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/leasefs/leasefs/client"
+)
+
+// MountOptions configures a mount.
+type MountOptions struct {
+	Debug bool // log every FUSE request
+}
+
+// Mount mounts the leasefs client c at dir and returns the running FUSE
+// server; the caller waits on it and unmounts it.
+func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
+	root := &Node{c: c}
+	// Zero timeouts until a data lock covers what the kernel caches: another
+	// client may change any entry or attribute at any moment.
+	var zero time.Duration
+	opts := &gofs.Options{
+		EntryTimeout:    &zero,
+		AttrTimeout:     &zero,
+		NegativeTimeout: &zero,
+		MountOptions: fuse.MountOptions{
+			FsName:             "leasefs",
+			Name:               "leasefs",
+			MaxWrite:           1 << 20,
+			MaxReadAhead:       1 << 20,
+			Debug:              o.Debug,
+			DisableReadDirPlus: true,
+			EnableLocks:        true,
+		},
+	}
+	if os.Geteuid() == 0 {
+		// Every user of the machine may use the mount; the kernel checks
+		// permissions against the stored mode, uid and gid.
+		opts.AllowOther = true
+		opts.Options = append(opts.Options, "default_permissions")
+		opts.DirectMount = true
+	}
+	srv, err := gofs.Mount(dir, root, opts)
+	if err != nil {
+		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
+	}
+	return srv, nil
+}

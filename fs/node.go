@@ -1,0 +1,284 @@
+// Package fs is the FUSE side of a leasefs mount: go-fuse nodes and file
+// handles that turn kernel requests into client calls. It is thin on
+// purpose: caching and coherence live in the client.
+package fs
+
+import (
+	"context"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/leasefs/leasefs/client"
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// Node is one leasefs inode as the kernel sees it.
+type Node struct {
+	gofs.Inode
+	c *client.Client
+}
+
+var (
+	_ = (gofs.NodeLookuper)((*Node)(nil))
+	_ = (gofs.NodeGetattrer)((*Node)(nil))
+	_ = (gofs.NodeSetattrer)((*Node)(nil))
+	_ = (gofs.NodeCreater)((*Node)(nil))
+	_ = (gofs.NodeMkdirer)((*Node)(nil))
+	_ = (gofs.NodeMknoder)((*Node)(nil))
+	_ = (gofs.NodeSymlinker)((*Node)(nil))
+	_ = (gofs.NodeReadlinker)((*Node)(nil))
+	_ = (gofs.NodeLinker)((*Node)(nil))
+	_ = (gofs.NodeUnlinker)((*Node)(nil))
+	_ = (gofs.NodeRmdirer)((*Node)(nil))
+	_ = (gofs.NodeRenamer)((*Node)(nil))
+	_ = (gofs.NodeOpendirHandler)((*Node)(nil))
+	_ = (gofs.NodeOpener)((*Node)(nil))
+	_ = (gofs.NodeStatfser)((*Node)(nil))
+	_ = (gofs.NodeGetxattrer)((*Node)(nil))
+	_ = (gofs.NodeSetxattrer)((*Node)(nil))
+	_ = (gofs.NodeListxattrer)((*Node)(nil))
+	_ = (gofs.NodeRemovexattrer)((*Node)(nil))
+)
+
+func (n *Node) ino() ids.Ino { return ids.Ino(n.StableAttr().Ino) }
+
+func fillAttr(a *wire.Attr, out *fuse.Attr) {
+	out.Ino = uint64(a.Ino)
+	out.Mode = a.Mode
+	out.Nlink = a.Nlink
+	out.Owner = fuse.Owner{Uid: a.Uid, Gid: a.Gid}
+	out.Rdev = a.Rdev
+	out.Size = a.Size
+	out.Blocks = a.Blocks
+	out.Blksize = 64 << 10
+	out.Atime, out.Atimensec = uint64(a.Atime/1e9), uint32(a.Atime%1e9)
+	out.Mtime, out.Mtimensec = uint64(a.Mtime/1e9), uint32(a.Mtime%1e9)
+	out.Ctime, out.Ctimensec = uint64(a.Ctime/1e9), uint32(a.Ctime%1e9)
+}
+
+// child returns the kernel inode for a, creating it on first sight.
+func (n *Node) child(ctx context.Context, a *wire.Attr, out *fuse.EntryOut) *gofs.Inode {
+	fillAttr(a, &out.Attr)
+	out.NodeId = uint64(a.Ino)
+	return n.NewInode(ctx, &Node{c: n.c}, gofs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: uint64(a.Ino)})
+}
+
+func caller(ctx context.Context) (uid, gid uint32) {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return c.Uid, c.Gid
+	}
+	return 0, 0
+}
+
+// Lookup finds a child.
+func (n *Node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	a, err := n.c.Lookup(ctx, n.ino(), name)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.child(ctx, a, out), 0
+}
+
+// Getattr reads attributes.
+func (n *Node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	a, err := n.c.GetAttr(ctx, n.ino())
+	if err != nil {
+		return toErrno(err)
+	}
+	fillAttr(a, &out.Attr)
+	return 0
+}
+
+// Setattr changes mode, owner, size or times.
+func (n *Node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	req := &wire.Request{Ino: n.ino()}
+	if m, ok := in.GetMode(); ok {
+		req.Valid |= wire.SetMode
+		req.Mode = m
+	}
+	if u, ok := in.GetUID(); ok {
+		req.Valid |= wire.SetUid
+		req.Uid = u
+	}
+	if g, ok := in.GetGID(); ok {
+		req.Valid |= wire.SetGid
+		req.Gid = g
+	}
+	if s, ok := in.GetSize(); ok {
+		req.Valid |= wire.SetSize
+		req.Size = s
+	}
+	if t, ok := in.GetATime(); ok {
+		req.Valid |= wire.SetAtime
+		req.Atime = t.UnixNano()
+	}
+	if t, ok := in.GetMTime(); ok {
+		req.Valid |= wire.SetMtime
+		req.Mtime = t.UnixNano()
+	}
+	if t, ok := in.GetCTime(); ok {
+		req.Valid |= wire.SetCtime
+		req.Ctime = t.UnixNano()
+	}
+	a, err := n.c.SetAttr(ctx, req)
+	if err != nil {
+		return toErrno(err)
+	}
+	fillAttr(a, &out.Attr)
+	return 0
+}
+
+// Create makes and opens a regular file.
+func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	uid, gid := caller(ctx)
+	a, err := n.c.Create(ctx, n.ino(), name, mode|syscall.S_IFREG, uid, gid, 0)
+	if err != nil {
+		return nil, nil, 0, toErrno(err)
+	}
+	in := n.child(ctx, a, out)
+	fh, fuseFlags, errno := in.Operations().(*Node).Open(ctx, flags&^uint32(syscall.O_TRUNC))
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	return in, fh, fuseFlags, 0
+}
+
+// Mknod makes a device, fifo, socket or regular file.
+func (n *Node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	uid, gid := caller(ctx)
+	a, err := n.c.Create(ctx, n.ino(), name, mode, uid, gid, dev)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.child(ctx, a, out), 0
+}
+
+// Mkdir makes a directory.
+func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	uid, gid := caller(ctx)
+	a, err := n.c.Mkdir(ctx, n.ino(), name, mode|syscall.S_IFDIR, uid, gid)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.child(ctx, a, out), 0
+}
+
+// Symlink makes a symbolic link.
+func (n *Node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	uid, gid := caller(ctx)
+	a, err := n.c.Symlink(ctx, n.ino(), name, target, uid, gid)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.child(ctx, a, out), 0
+}
+
+// Readlink reads a symlink's target.
+func (n *Node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	t, err := n.c.Readlink(ctx, n.ino())
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return []byte(t), 0
+}
+
+// Link adds a hard link.
+func (n *Node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	t := target.EmbeddedInode().StableAttr().Ino
+	a, err := n.c.Link(ctx, ids.Ino(t), n.ino(), name)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	return n.child(ctx, a, out), 0
+}
+
+// Unlink removes a file.
+func (n *Node) Unlink(ctx context.Context, name string) syscall.Errno {
+	return toErrno(n.c.Unlink(ctx, n.ino(), name))
+}
+
+// Rmdir removes an empty directory.
+func (n *Node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return toErrno(n.c.Rmdir(ctx, n.ino(), name))
+}
+
+// Rename moves an entry.
+func (n *Node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	np := ids.Ino(newParent.EmbeddedInode().StableAttr().Ino)
+	return toErrno(n.c.Rename(ctx, n.ino(), name, np, newName, flags))
+}
+
+// Statfs reports usage.
+func (n *Node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	s, err := n.c.StatFs(ctx)
+	if err != nil {
+		return toErrno(err)
+	}
+	out.Blocks, out.Bfree, out.Bavail = s.Blocks, s.Bfree, s.Bavail
+	out.Files, out.Ffree = s.Files, s.Ffree
+	out.Bsize, out.Frsize, out.NameLen = s.Bsize, s.Bsize, s.NameLen
+	return 0
+}
+
+// Getxattr reads an extended attribute; a too-small dest gets ERANGE and
+// the size, as getxattr(2) wants.
+func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	v, err := n.c.GetXattr(ctx, n.ino(), attr)
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	if len(dest) < len(v) {
+		return uint32(len(v)), syscall.ERANGE
+	}
+	return uint32(copy(dest, v)), 0
+}
+
+// Setxattr writes an extended attribute.
+func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return toErrno(n.c.SetXattr(ctx, n.ino(), attr, data, flags))
+}
+
+// Listxattr lists extended attribute names, NUL-separated.
+func (n *Node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	names, err := n.c.ListXattr(ctx, n.ino())
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	var buf []byte
+	for _, nm := range names {
+		buf = append(append(buf, nm...), 0)
+	}
+	if len(dest) < len(buf) {
+		return uint32(len(buf)), syscall.ERANGE
+	}
+	return uint32(copy(dest, buf)), 0
+}
+
+// Removexattr removes an extended attribute.
+func (n *Node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	return toErrno(n.c.RemoveXattr(ctx, n.ino(), attr))
+}
+
+// OpendirHandle opens a directory stream with stable offsets.
+func (n *Node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	return &dirHandle{n: n}, 0, 0
+}
+
+// Open opens a file.
+func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	a, err := n.c.Open(ctx, n.ino(), flags)
+	if err != nil {
+		return nil, 0, toErrno(err)
+	}
+	_ = a
+	// direct_io: without a data lock the kernel must not serve reads from
+	// its page cache, which another client's write would make stale.
+	return &fileHandle{n: n, flags: flags}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// nowNano is the wall-clock time for file times set by the client.
+func nowNano() int64 { return time.Now().UnixNano() }
