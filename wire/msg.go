@@ -332,7 +332,7 @@ type Reply struct {
 	Names   []string
 	Session *Session
 	StatFs  *StatFs
-	Grant   *Grant
+	Grants  []Grant // data locks the server granted with this reply
 	Lk      *PosixLk
 }
 
@@ -380,7 +380,7 @@ func (r *Reply) Append(b []byte) []byte {
 	if r.StatFs != nil {
 		mask |= hasStatFs
 	}
-	if r.Grant != nil {
+	if r.Grants != nil {
 		mask |= hasGrant
 	}
 	if r.Lk != nil {
@@ -431,10 +431,13 @@ func (r *Reply) Append(b []byte) []byte {
 		e.u32(s.Bsize)
 		e.u32(s.NameLen)
 	}
-	if g := r.Grant; g != nil {
-		e.u64(uint64(g.Ino))
-		e.u8(uint8(g.Mode))
-		e.u64(g.Seq)
+	if r.Grants != nil {
+		e.u32(uint32(len(r.Grants)))
+		for _, g := range r.Grants {
+			e.u64(uint64(g.Ino))
+			e.u8(uint8(g.Mode))
+			e.u64(g.Seq)
+		}
 	}
 	if r.Lk != nil {
 		e.lk(r.Lk)
@@ -497,7 +500,11 @@ func ParseReply(b []byte) (*Reply, error) {
 		r.StatFs.NameLen = d.u32()
 	}
 	if mask&hasGrant != 0 {
-		r.Grant = &Grant{Ino: ids.Ino(d.u64()), Mode: LockMode(d.u8()), Seq: d.u64()}
+		n := d.count(MaxEntries, 17)
+		r.Grants = make([]Grant, n)
+		for i := range r.Grants {
+			r.Grants[i] = Grant{Ino: ids.Ino(d.u64()), Mode: LockMode(d.u8()), Seq: d.u64()}
+		}
 	}
 	if mask&hasLk != 0 {
 		r.Lk = new(PosixLk)

@@ -29,7 +29,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	in := &Reply{Code: CodeNotFound, Msg: "x", Attr: &Attr{Ino: 3, Size: 10}, Attr2: &Attr{Ino: 1},
 		Entries: []DirEntry{{Name: "f", Ino: 3, Mode: 0o100644, Off: 2}}, Data: []byte{1, 2},
 		Names: []string{"user.a"}, Session: &Session{ID: 5, Server: 1, Tau: 2e9, Delta: 0.05, GraceEnd: 3},
-		StatFs: &StatFs{Blocks: 1, NameLen: 255}, Grant: &Grant{Ino: 3, Mode: LockShared, Seq: 4},
+		StatFs: &StatFs{Blocks: 1, NameLen: 255}, Grants: []Grant{{Ino: 3, Mode: LockShared, Seq: 4}},
 		Lk: &PosixLk{Type: 1, End: 5}}
 	out, err := ParseReply(in.Append(nil))
 	if err != nil {

@@ -1,0 +1,207 @@
+// Package cache is a mount's cache of attributes and directory entries,
+// each valid only under a data lock the server granted (DESIGN.md "Data
+// locks"). It is pure bookkeeping: the client checks its lease before
+// trusting anything here, and applies grants and revocations in the order
+// their sequence numbers say, whatever order the network delivered them in.
+//
+// Not safe for concurrent use; the client serialises calls.
+package cache
+
+import (
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
+)
+
+type entry struct {
+	mode wire.LockMode
+	seq  uint64
+	// revokedBelow voids every grant with a smaller sequence number: a
+	// grant overtaken by its revocation must not resurrect the lock.
+	revokedBelow uint64
+	attr         *wire.Attr
+	names        map[string]ids.Ino // directory entries; 0 caches "does not exist"
+}
+
+// Cache holds what the client may serve without asking the server.
+type Cache struct {
+	inodes   map[ids.Ino]*entry
+	max      int
+	evicted  []wire.Grant
+	hits     int64
+	misses   int64
+	maxNames int
+}
+
+// New returns a cache holding at most maxInodes locked inodes.
+func New(maxInodes int) *Cache {
+	return &Cache{inodes: map[ids.Ino]*entry{}, max: maxInodes, maxNames: 10000}
+}
+
+func (c *Cache) get(ino ids.Ino) *entry {
+	e := c.inodes[ino]
+	if e == nil {
+		e = &entry{}
+		c.inodes[ino] = e
+	}
+	return e
+}
+
+// Granted records a lock grant. It returns false for a grant its
+// revocation already overtook.
+func (c *Cache) Granted(g wire.Grant) bool {
+	e := c.get(g.Ino)
+	if g.Seq < e.revokedBelow {
+		return false
+	}
+	if g.Seq >= e.seq { // the newest grant says what the server believes we hold
+		e.mode, e.seq = g.Mode, g.Seq
+	}
+	c.evictIfFull(g.Ino)
+	return true
+}
+
+// evictIfFull drops an arbitrary other inode when over the bound; the
+// client releases its lock at the server (TakeEvicted).
+func (c *Cache) evictIfFull(keep ids.Ino) {
+	for len(c.inodes) > c.max {
+		for ino, e := range c.inodes {
+			if ino == keep {
+				continue
+			}
+			if e.mode != wire.LockNone {
+				c.evicted = append(c.evicted, wire.Grant{Ino: ino, Mode: e.mode, Seq: e.seq})
+			}
+			delete(c.inodes, ino)
+			break
+		}
+	}
+}
+
+// TakeEvicted returns the locks evicted for space since the last call.
+func (c *Cache) TakeEvicted() []wire.Grant {
+	out := c.evicted
+	c.evicted = nil
+	return out
+}
+
+// Revoke applies a revocation down to mode `to` with sequence number seq.
+// It reports whether the inode held a lock that this revocation lowered.
+func (c *Cache) Revoke(ino ids.Ino, to wire.LockMode, seq uint64) bool {
+	e := c.get(ino)
+	e.revokedBelow = max(e.revokedBelow, seq)
+	if e.mode <= to {
+		return false
+	}
+	if to == wire.LockNone {
+		e.mode, e.attr, e.names = wire.LockNone, nil, nil
+	} else {
+		e.mode = to
+	}
+	return true
+}
+
+// Mode returns the lock the client holds on ino.
+func (c *Cache) Mode(ino ids.Ino) (wire.LockMode, uint64) {
+	if e := c.inodes[ino]; e != nil {
+		return e.mode, e.seq
+	}
+	return wire.LockNone, 0
+}
+
+// SetAttr caches attributes if a lock covers them.
+func (c *Cache) SetAttr(a *wire.Attr) {
+	if e := c.inodes[a.Ino]; e != nil && e.mode != wire.LockNone {
+		cp := *a
+		e.attr = &cp
+	}
+}
+
+// Attr returns cached attributes.
+func (c *Cache) Attr(ino ids.Ino) (*wire.Attr, bool) {
+	if e := c.inodes[ino]; e != nil && e.mode != wire.LockNone && e.attr != nil {
+		c.hits++
+		cp := *e.attr
+		return &cp, true
+	}
+	c.misses++
+	return nil, false
+}
+
+// InvalidateAttr forgets cached attributes (the client changed them).
+func (c *Cache) InvalidateAttr(ino ids.Ino) {
+	if e := c.inodes[ino]; e != nil {
+		e.attr = nil
+	}
+}
+
+// SetEntry caches parent/name → child (0: known not to exist) under the
+// parent's lock.
+func (c *Cache) SetEntry(parent ids.Ino, name string, child ids.Ino) {
+	e := c.inodes[parent]
+	if e == nil || e.mode == wire.LockNone {
+		return
+	}
+	if e.names == nil {
+		e.names = map[string]ids.Ino{}
+	}
+	if len(e.names) >= c.maxNames {
+		clear(e.names)
+	}
+	e.names[name] = child
+}
+
+// Entry looks parent/name up; ok is false when the cache cannot tell.
+func (c *Cache) Entry(parent ids.Ino, name string) (child ids.Ino, ok bool) {
+	if e := c.inodes[parent]; e != nil && e.mode != wire.LockNone {
+		if child, ok := e.names[name]; ok {
+			c.hits++
+			return child, true
+		}
+	}
+	c.misses++
+	return 0, false
+}
+
+// InvalidateDir forgets a directory's cached entries and attributes.
+func (c *Cache) InvalidateDir(dir ids.Ino) {
+	if e := c.inodes[dir]; e != nil {
+		e.names, e.attr = nil, nil
+	}
+}
+
+// DropAll forgets everything (after a NACK) and returns the inodes that
+// had anything cached, so the caller can drop the kernel's caches too.
+func (c *Cache) DropAll() []ids.Ino {
+	out := make([]ids.Ino, 0, len(c.inodes))
+	for ino := range c.inodes {
+		out = append(out, ino)
+	}
+	clear(c.inodes)
+	c.evicted = nil
+	return out
+}
+
+// Locks returns every lock held.
+func (c *Cache) Locks() []wire.Grant {
+	var out []wire.Grant
+	for ino, e := range c.inodes {
+		if e.mode != wire.LockNone {
+			out = append(out, wire.Grant{Ino: ino, Mode: e.mode, Seq: e.seq})
+		}
+	}
+	return out
+}
+
+// HoldsLocks reports whether any lock is held: only then does the client
+// renew its lease explicitly.
+func (c *Cache) HoldsLocks() bool {
+	for _, e := range c.inodes {
+		if e.mode != wire.LockNone {
+			return true
+		}
+	}
+	return false
+}
+
+// Stats returns cache hits, misses and cached inodes.
+func (c *Cache) Stats() (hits, misses int64, inodes int) { return c.hits, c.misses, len(c.inodes) }

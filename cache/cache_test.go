@@ -1,0 +1,81 @@
+package cache
+
+import (
+	"testing"
+
+	idpkg "github.com/leasefs/leasefs/internal/ids"
+
+	"github.com/leasefs/leasefs/wire"
+)
+
+func TestGrantRevokeOrdering(t *testing.T) {
+	c := New(100)
+	if !c.Granted(wire.Grant{Ino: 5, Mode: wire.LockShared, Seq: 3}) {
+		t.Fatal("fresh grant refused")
+	}
+	c.SetAttr(&wire.Attr{Ino: 5, Size: 10})
+	if a, ok := c.Attr(5); !ok || a.Size != 10 {
+		t.Fatal("attr not cached under S")
+	}
+	// The revocation for seq 4 arrives before the grant with seq 3 is
+	// re-delivered (duplicate) and before a grant with seq 4.
+	if !c.Revoke(5, wire.LockNone, 4) {
+		t.Fatal("revocation did not lower the lock")
+	}
+	if _, ok := c.Attr(5); ok {
+		t.Fatal("attr served after revocation")
+	}
+	if c.Granted(wire.Grant{Ino: 5, Mode: wire.LockShared, Seq: 3}) {
+		t.Fatal("a grant overtaken by its revocation resurrected the lock")
+	}
+	if !c.Granted(wire.Grant{Ino: 5, Mode: wire.LockExclusive, Seq: 4}) {
+		t.Fatal("new grant refused")
+	}
+	if m, _ := c.Mode(5); m != wire.LockExclusive {
+		t.Fatalf("mode %v", m)
+	}
+	c.Revoke(5, wire.LockShared, 5)
+	if m, _ := c.Mode(5); m != wire.LockShared {
+		t.Fatalf("after downgrade: %v", m)
+	}
+}
+
+func TestEntriesNeedParentLock(t *testing.T) {
+	c := New(100)
+	c.SetEntry(1, "a", 7)
+	if _, ok := c.Entry(1, "a"); ok {
+		t.Fatal("entry cached without a lock on the parent")
+	}
+	c.Granted(wire.Grant{Ino: 1, Mode: wire.LockShared, Seq: 1})
+	c.SetEntry(1, "a", 7)
+	c.SetEntry(1, "missing", 0)
+	if ino, ok := c.Entry(1, "a"); !ok || ino != 7 {
+		t.Fatal("entry not cached")
+	}
+	if ino, ok := c.Entry(1, "missing"); !ok || ino != 0 {
+		t.Fatal("negative entry not cached")
+	}
+	c.Revoke(1, wire.LockNone, 2)
+	if _, ok := c.Entry(1, "a"); ok {
+		t.Fatal("entry survived revocation")
+	}
+}
+
+func TestBoundedEvictsAndReportsLocks(t *testing.T) {
+	c := New(10)
+	for i := 1; i <= 25; i++ {
+		c.Granted(wire.Grant{Ino: idpkg.Ino(i), Mode: wire.LockShared, Seq: 1})
+	}
+	if _, _, n := c.Stats(); n > 10 {
+		t.Fatalf("%d inodes cached, bound 10", n)
+	}
+	if ev := c.TakeEvicted(); len(ev) != 15 {
+		t.Fatalf("%d evicted locks reported, want 15", len(ev))
+	}
+	if got := len(c.DropAll()); got != 10 {
+		t.Fatalf("DropAll returned %d", got)
+	}
+	if c.HoldsLocks() {
+		t.Fatal("locks after DropAll")
+	}
+}
