@@ -356,7 +356,7 @@ func (c *Client) dial(ctx context.Context) (*clientConn, error) {
 		return nil, c.dialError(ctx, err)
 	}
 	if err := c.hello(dctx, qc); err != nil {
-		if errors.Is(err, ErrAuth) {
+		if errors.Is(err, ErrAuth) || errors.Is(err, ErrProtocol) {
 			qc.CloseWithError(closeNormal, "refused")
 			return nil, err
 		}
@@ -410,12 +410,18 @@ func (c *Client) hello(ctx context.Context, qc *quic.Conn) error {
 	return fmt.Errorf("%w: %v frame in reply to hello", ErrProtocol, f.kind)
 }
 
-// refusedOr maps the server's "refused" close code to ErrAuth: the refusal
-// frame and the connection close race.
+// refusedOr maps the server's close codes during the hello to final errors:
+// "refused" to ErrAuth (the refusal frame and the close race), "protocol" to
+// ErrProtocol.
 func refusedOr(err error) error {
 	var ae *quic.ApplicationError
-	if errors.As(err, &ae) && ae.Remote && ae.ErrorCode == closeRefused {
-		return fmt.Errorf("%w (%s)", ErrAuth, ae.ErrorMessage)
+	if errors.As(err, &ae) && ae.Remote {
+		switch ae.ErrorCode {
+		case closeRefused:
+			return fmt.Errorf("%w (%s)", ErrAuth, ae.ErrorMessage)
+		case closeProto: // e.g. a server speaking another protocol version
+			return fmt.Errorf("%w: server closed the connection: %s", ErrProtocol, ae.ErrorMessage)
+		}
 	}
 	return err
 }

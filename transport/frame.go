@@ -2,7 +2,6 @@ package transport
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 
@@ -71,11 +70,12 @@ const (
 	errCodeShutdown  errCode = 5
 )
 
+// Frame errors are protocol errors: retrying cannot fix them.
 var (
-	errFrameShort   = errors.New("transport: frame truncated")
-	errFrameVersion = errors.New("transport: unsupported frame version")
-	errFrameKind    = errors.New("transport: unknown frame kind")
-	errFrameTrail   = errors.New("transport: trailing bytes after frame")
+	errFrameShort   = fmt.Errorf("%w: frame truncated", ErrProtocol)
+	errFrameVersion = fmt.Errorf("%w: unsupported frame version", ErrProtocol)
+	errFrameKind    = fmt.Errorf("%w: unknown frame kind", ErrProtocol)
+	errFrameTrail   = fmt.Errorf("%w: trailing bytes after frame", ErrProtocol)
 )
 
 type frame struct {

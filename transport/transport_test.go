@@ -514,3 +514,15 @@ func TestCloseDoesNotHangOrLeak(t *testing.T) {
 		t.Fatalf("%d goroutines before, %d after close:\n%s", before, n, buf[:runtime.Stack(buf, true)])
 	}
 }
+
+// A reply in a frame version we do not speak is a protocol error, returned
+// at once, not retried forever.
+func TestClientRejectsUnknownReplyVersion(t *testing.T) {
+	var head [frameHead]byte
+	b := appendFrame(nil, frame{kind: kindReply, Header: Header{Seq: 1}})
+	b[4] = 3
+	_, err := readFrame(bytes.NewReader(b), &head)
+	if !errors.Is(err, ErrProtocol) || !final(err) {
+		t.Fatalf("%v: not a final protocol error", err)
+	}
+}
