@@ -1,0 +1,438 @@
+package metaserver
+
+import (
+	"encoding/binary"
+	"sync"
+	"syscall"
+
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// chunkPool holds chunk-sized buffers for partial-chunk read-modify-write;
+// a transaction returns them after its commit.
+var chunkPool = sync.Pool{New: func() any { b := make([]byte, ChunkSize); return &b }}
+
+func (tx *Tx) chunkBuf() []byte {
+	p := chunkPool.Get().(*[]byte)
+	tx.bufs = append(tx.bufs, p)
+	return (*p)[:ChunkSize]
+}
+
+// Read returns up to size bytes at off: short at end of file, holes read as
+// zeros. The caller owns the returned slice.
+func (s *Store) Read(ino ids.Ino, off uint64, size int) ([]byte, error) {
+	if size < 0 {
+		return nil, wire.Errf(wire.CodeInvalid, "read of %d bytes", size)
+	}
+	var out []byte
+	err := s.view(func(tx *Tx) error {
+		n, err := tx.inode(ino)
+		if err != nil {
+			return err
+		}
+		if err := checkRegular(n); err != nil {
+			return err
+		}
+		if off >= n.Size {
+			out = []byte{}
+			return nil
+		}
+		out = make([]byte, min(uint64(size), n.Size-off))
+		return tx.readChunks(ino, off, out)
+	})
+	return out, err
+}
+
+// ReadAt reads into dst at off and returns the number of bytes read (short
+// at end of file), for callers that reuse buffers.
+func (s *Store) ReadAt(ino ids.Ino, off uint64, dst []byte) (int, error) {
+	var got int
+	err := s.view(func(tx *Tx) error {
+		n, err := tx.inode(ino)
+		if err != nil {
+			return err
+		}
+		if err := checkRegular(n); err != nil {
+			return err
+		}
+		if off >= n.Size {
+			return nil
+		}
+		got = int(min(uint64(len(dst)), n.Size-off))
+		clear(dst[:got])
+		return tx.readChunks(ino, off, dst[:got])
+	})
+	return got, err
+}
+
+// readChunks fills out (zeroed) with the file's bytes at off. Missing chunks
+// and bytes past a chunk's stored length are holes and stay zero.
+func (tx *Tx) readChunks(ino ids.Ino, off uint64, out []byte) error {
+	end := off + uint64(len(out))
+	for pos := off; pos < end; {
+		ci := pos / ChunkSize
+		cs := ci * ChunkSize
+		s0, e0 := pos-cs, min(end-cs, ChunkSize)
+		dst := out[pos-off : pos-off+(e0-s0)]
+		if _, err := tx.get(tx.key64(recChunk, ino, ci), func(v []byte) error {
+			if uint64(len(v)) > s0 {
+				copy(dst, v[s0:min(uint64(len(v)), e0)])
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		pos = cs + e0
+	}
+	return nil
+}
+
+// Write writes data at off and updates size, mtime, ctime and Version. A
+// chunk the write covers completely (up to the file's end) is written as is,
+// without reading it; a partial chunk is read, modified and written. The
+// store keeps data until the commit, inside this call, and does not retain it.
+func (s *Store) Write(ino ids.Ino, off uint64, data []byte, now int64) (Attr, error) {
+	end := off + uint64(len(data))
+	if end < off || end > MaxFileSize {
+		return Attr{}, wire.Errf(wire.CodeTooBig, "write past %d", uint64(MaxFileSize))
+	}
+	var a Attr
+	write := func(tx *Tx) error {
+		n, err := tx.inode(ino)
+		if err != nil {
+			return err
+		}
+		if err := checkRegular(n); err != nil {
+			return err
+		}
+		if len(data) == 0 {
+			a = n.Attr
+			return nil
+		}
+		for pos := off; pos < end; {
+			ci := pos / ChunkSize
+			cs := ci * ChunkSize
+			s0, e0 := pos-cs, min(end-cs, ChunkSize)
+			piece := data[pos-off : pos-off+(e0-s0)]
+			pos = cs + e0
+			key := tx.key64(recChunk, ino, ci)
+			// chunks never hold bytes past Size, so this bounds what exists
+			var existing uint64
+			if cs < n.Size {
+				existing = min(n.Size-cs, ChunkSize)
+			}
+			if s0 == 0 && e0 >= existing {
+				if err := tx.set(key, piece); err != nil {
+					return err
+				}
+				continue
+			}
+			buf := tx.chunkBuf()
+			var have uint64
+			if existing > 0 {
+				if _, err := tx.get(key, func(v []byte) error {
+					have = uint64(copy(buf, v))
+					return nil
+				}); err != nil {
+					return err
+				}
+			}
+			if have < s0 {
+				clear(buf[have:s0])
+			}
+			copy(buf[s0:], piece)
+			if err := tx.set(key, buf[:max(have, e0)]); err != nil {
+				return err
+			}
+		}
+		n.Size = max(n.Size, end)
+		n.Version++
+		n.Mtime, n.Ctime = now, now
+		n.touch()
+		a = n.Attr
+		return nil
+	}
+	var err error
+	if len(data) == 0 {
+		err = s.view(write)
+	} else {
+		_, err = s.update(write)
+	}
+	return a, err
+}
+
+// truncate drops n's data past size (at most about deleteBatch chunks; shrink
+// takes the rest first). It does not change n.
+func (tx *Tx) truncate(n *inode, size uint64) error {
+	if size >= n.Size {
+		return nil // chunks never hold bytes past Size: an extension reads zeros
+	}
+	first := (size + ChunkSize - 1) / ChunkSize
+	var keys [][]byte
+	err := tx.scan(tx.key(recChunk, n.Ino, nil), tx.key64(recChunk, n.Ino, first), false, false,
+		func(k, _ []byte) (bool, error) {
+			keys = append(keys, tx.key(recChunk, n.Ino, k[9:]))
+			return true, nil
+		})
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := tx.del(k); err != nil {
+			return err
+		}
+	}
+	if keep := size % ChunkSize; keep != 0 {
+		key := tx.key64(recChunk, n.Ino, size/ChunkSize)
+		var cut []byte
+		if _, err := tx.get(key, func(v []byte) error {
+			if uint64(len(v)) > keep {
+				cut = append(tx.chunkBuf()[:0], v[:keep]...)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if cut != nil {
+			return tx.set(key, cut)
+		}
+	}
+	return nil
+}
+
+// shrink prepares a truncation to size of a file with more than deleteBatch
+// chunks past size: it removes the highest chunks deleteBatch at a time, each
+// step one transaction that leaves the file shorter but valid (its size is
+// cut to the removed chunks' start), so a crash in between leaves a prefix of
+// the file, never a file with zeroed data inside its size.
+func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
+	for {
+		done := false
+		_, err := s.update(func(tx *Tx) error {
+			done = false
+			n, err := tx.inode(ino)
+			if err != nil {
+				return err
+			}
+			if modeType(n.Mode) != syscall.S_IFREG || n.Size <= size {
+				done = true
+				return nil
+			}
+			first := (size + ChunkSize - 1) / ChunkSize
+			var keys [][]byte
+			err = tx.scan(tx.key(recChunk, ino, nil), nil, true, false, func(k, _ []byte) (bool, error) {
+				if binary.BigEndian.Uint64(k[9:]) < first {
+					return false, nil
+				}
+				keys = append(keys, tx.key(recChunk, ino, k[9:]))
+				return len(keys) <= deleteBatch, nil
+			})
+			if err != nil {
+				return err
+			}
+			if len(keys) <= deleteBatch {
+				done = true // few enough for SetAttr's own transaction
+				return nil
+			}
+			keys = keys[:deleteBatch]
+			for _, k := range keys {
+				if err := tx.del(k); err != nil {
+					return err
+				}
+			}
+			lowest := binary.BigEndian.Uint64(keys[len(keys)-1][9:])
+			n.Size = max(size, lowest*ChunkSize)
+			n.Version++
+			n.Mtime, n.Ctime = now, now
+			n.touch()
+			return nil
+		})
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// Purge deletes an unlinked inode (Nlink 0): its attributes, chunks, xattrs
+// and symlink target. It does nothing to a linked inode. Call it when the last
+// handle of an unlinked file closes, or at once if none is open. A big file
+// takes several transactions; a crash in between leaves an orphan that
+// OpenStore purges.
+func (s *Store) Purge(ino ids.Ino) error {
+	var linked bool
+	if err := s.view(func(tx *Tx) error {
+		n, err := tx.inode(ino)
+		if err == nil {
+			linked = n.Nlink > 0
+		}
+		return err
+	}); err != nil || linked {
+		return err
+	}
+	for {
+		done := false
+		_, err := s.update(func(tx *Tx) error {
+			n, err := tx.inode(ino)
+			if err != nil {
+				return err
+			}
+			if n.Nlink > 0 {
+				done = true
+				return nil
+			}
+			var keys [][]byte
+			err = tx.scan(tx.key(recChunk, ino, nil), nil, false, false, func(k, _ []byte) (bool, error) {
+				keys = append(keys, tx.key(recChunk, ino, k[9:]))
+				return len(keys) < deleteBatch, nil
+			})
+			if err != nil {
+				return err
+			}
+			for _, k := range keys {
+				if err := tx.del(k); err != nil {
+					return err
+				}
+			}
+			if len(keys) == deleteBatch {
+				return nil // more chunks: another transaction
+			}
+			done = true
+			if err := tx.delXattrs(ino); err != nil {
+				return err
+			}
+			if modeType(n.Mode) == syscall.S_IFLNK {
+				if err := tx.del(tx.key(recSymlink, ino, nil)); err != nil {
+					return err
+				}
+			}
+			n.deleted = true
+			return nil
+		})
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// checkXattrName: Linux answers ERANGE for an empty or too long name.
+func checkXattrName(name string) error {
+	if name == "" || len(name) > XattrNameMax {
+		return wire.Errf(wire.CodeRange, "xattr name of %d bytes", len(name))
+	}
+	return nil
+}
+
+// GetXattr returns an extended attribute's value (CodeNoData if absent).
+func (s *Store) GetXattr(ino ids.Ino, name string) ([]byte, error) {
+	if err := checkXattrName(name); err != nil {
+		return nil, err
+	}
+	var val []byte
+	err := s.view(func(tx *Tx) error {
+		if _, err := tx.inode(ino); err != nil {
+			return err
+		}
+		ok, err := tx.get(tx.keyStr(recXattr, ino, name), func(v []byte) error {
+			val = append([]byte{}, v...)
+			return nil
+		})
+		if err == nil && !ok {
+			err = errNoData
+		}
+		return err
+	})
+	return val, err
+}
+
+// SetXattr sets an extended attribute. XattrCreate fails with CodeExists if
+// it exists, XattrReplace with CodeNoData if it does not.
+func (s *Store) SetXattr(ino ids.Ino, name string, value []byte, flags uint32) error {
+	if err := checkXattrName(name); err != nil {
+		return err
+	}
+	if flags&^(XattrCreate|XattrReplace) != 0 || flags == XattrCreate|XattrReplace {
+		return wire.Errf(wire.CodeInvalid, "xattr flags %#x", flags)
+	}
+	if len(value) > XattrSizeMax {
+		return wire.Errf(wire.CodeTooBig, "xattr value of %d bytes", len(value))
+	}
+	if value == nil {
+		value = []byte{}
+	}
+	_, err := s.update(func(tx *Tx) error {
+		if _, err := tx.inode(ino); err != nil {
+			return err
+		}
+		key := tx.keyStr(recXattr, ino, name)
+		if flags != 0 {
+			ok, err := tx.get(key, nil)
+			if err != nil {
+				return err
+			}
+			if ok && flags == XattrCreate {
+				return errExists
+			}
+			if !ok && flags == XattrReplace {
+				return errNoData
+			}
+		}
+		return tx.set(key, value)
+	})
+	return err
+}
+
+// ListXattr lists an inode's extended attribute names in byte order.
+func (s *Store) ListXattr(ino ids.Ino) ([]string, error) {
+	var names []string
+	err := s.view(func(tx *Tx) error {
+		if _, err := tx.inode(ino); err != nil {
+			return err
+		}
+		return tx.scan(tx.key(recXattr, ino, nil), nil, false, false, func(k, _ []byte) (bool, error) {
+			names = append(names, string(k[9:]))
+			return true, nil
+		})
+	})
+	return names, err
+}
+
+// RemoveXattr removes an extended attribute (CodeNoData if absent).
+func (s *Store) RemoveXattr(ino ids.Ino, name string) error {
+	if err := checkXattrName(name); err != nil {
+		return err
+	}
+	_, err := s.update(func(tx *Tx) error {
+		if _, err := tx.inode(ino); err != nil {
+			return err
+		}
+		key := tx.keyStr(recXattr, ino, name)
+		ok, err := tx.get(key, nil)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errNoData
+		}
+		return tx.del(key)
+	})
+	return err
+}
+
+// delXattrs deletes all of an inode's extended attributes.
+func (tx *Tx) delXattrs(ino ids.Ino) error {
+	var keys [][]byte
+	err := tx.scan(tx.key(recXattr, ino, nil), nil, false, false, func(k, _ []byte) (bool, error) {
+		keys = append(keys, tx.key(recXattr, ino, k[9:]))
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := tx.del(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
