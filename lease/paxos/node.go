@@ -572,6 +572,7 @@ func (n *Node) expire(now clock.Time, ino ids.Ino, p *proposal) {
 // start begins an attempt: acquire, or renew if we own ino.
 func (n *Node) start(now clock.Time, ino ids.Ino, p *proposal) {
 	p.ballot = n.nextBallot()
+	p.retryAt = 0
 	p.phase = preparing
 	p.renewal = n.owns(now, p)
 	p.resetVotes()
@@ -633,16 +634,17 @@ func (n *Node) Tick(now clock.Time) {
 				n.start(now, ino, p)
 			}
 		}
-		switch {
-		case p.phase != idle:
+		if p.phase != idle {
 			n.wake(p.deadline)
+		}
+		switch {
 		case !p.heldUntil.IsZero():
 			held = true
 			n.wake(p.heldUntil)
-			if !p.retryAt.IsZero() {
+			if p.phase == idle && !p.retryAt.IsZero() {
 				n.wake(p.retryAt)
 			}
-		case p.wanted:
+		case p.wanted && p.phase == idle:
 			n.wake(max(p.retryAt, n.quarantineUntil))
 		}
 	}

@@ -66,7 +66,7 @@ func (h *harness) collect(id ids.ServerID) {
 	}
 }
 
-func (h *harness) advance(d time.Duration) {
+func (h *harness) advance(d time.Duration, deliver string) {
 	end := h.now + d
 	for {
 		// run each node's timers in time order
@@ -85,9 +85,15 @@ func (h *harness) advance(d time.Duration) {
 			if n := h.nodes[id]; n != nil {
 				if dl := n.NextDeadline(); !dl.IsZero() && !h.clock(id).Before(dl) {
 					n.Tick(h.clock(id))
+					if dl := n.NextDeadline(); !dl.IsZero() && !h.clock(id).Before(dl) {
+						h.t.Fatalf("n%d: deadline %d not after now %d after Tick", id, dl, h.clock(id))
+					}
 					h.collect(id)
 				}
 			}
+		}
+		if deliver != "" {
+			h.deliver(deliver == "verbose")
 		}
 		if h.now == end {
 			return
@@ -136,7 +142,7 @@ func (h *harness) run(cmd string, args map[string]string) string {
 		for _, id := range h.peers {
 			h.start(id)
 		}
-		h.advance(testConfig(1, h.peers, 1).Quarantine)
+		h.advance(testConfig(1, h.peers, 1).Quarantine, "")
 	case "acquire":
 		h.nodes[node()].Acquire(h.clock(node()), ino())
 		h.collect(node())
@@ -155,10 +161,7 @@ func (h *harness) run(cmd string, args map[string]string) string {
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		h.advance(d)
-		if args["deliver"] == "quiet" {
-			h.deliver(false)
-		}
+		h.advance(d, args["deliver"])
 	case "cut":
 		h.cut[node()] = true
 	case "heal":
