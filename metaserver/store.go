@@ -175,8 +175,10 @@ type Store struct {
 	nextIno  uint64 // next counter value to hand out
 	inoLimit uint64 // counter values below this are reserved on disk
 
-	stop chan struct{}
-	done chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+	closeMu sync.Mutex
+	closed  bool
 }
 
 // OpenStore opens (creating) the badger store in DIR/db. It takes an
@@ -403,7 +405,14 @@ func (s *Store) allocIno() (ids.Ino, error) {
 }
 
 // Close closes the store, syncing it, and releases the data directory.
+// Later calls do nothing.
 func (s *Store) Close() error {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
 	close(s.stop)
 	<-s.done
 	err := s.db.Close() // syncs
