@@ -1,7 +1,8 @@
-// Package client is a mount's session with the leasefs servers: blocking,
+// Package client is a mount's session with the leasefs server: blocking,
 // context-taking calls that fs/ turns FUSE operations into. It numbers
-// requests, keeps the session and the client lease, and recovers after a
-// NACK.
+// requests, keeps the session and the client lease (lease.Client), caches
+// attributes and entries under the data locks the server grants
+// (cache.Cache), answers revocations, and recovers after a NACK.
 package client
 
 import (
@@ -16,7 +17,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasefs/leasefs/cache"
+	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/lease"
 	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -31,23 +35,26 @@ type Config struct {
 	// SoftTimeout, when non-zero, fails operations that cannot reach the
 	// server for this long with EIO (like NFS soft); zero blocks (hard).
 	SoftTimeout time.Duration
+	// CacheInodes bounds the inodes whose locks and attributes are cached.
+	CacheInodes int
 }
 
 // DefaultConfig returns a hard-mount configuration.
 func DefaultConfig() Config {
-	return Config{DialTimeout: 5 * time.Second, Logger: slog.Default()}
+	return Config{DialTimeout: 5 * time.Second, Logger: slog.Default(), CacheInodes: 100_000}
 }
 
 // Validate checks the configuration.
 func (c *Config) Validate() error {
-	if c.Server == "" {
+	switch {
+	case c.Server == "":
 		return errors.New("client: no server address")
-	}
-	if c.DialTimeout <= 0 {
+	case c.DialTimeout <= 0:
 		return errors.New("client: dial timeout must be positive")
-	}
-	if c.SoftTimeout < 0 {
+	case c.SoftTimeout < 0:
 		return errors.New("client: soft timeout must not be negative")
+	case c.CacheInodes <= 0:
+		return errors.New("client: cache size must be positive")
 	}
 	return nil
 }
@@ -56,10 +63,9 @@ func (c *Config) Validate() error {
 // server within SoftTimeout.
 var ErrTimeout = errors.New("client: server unreachable (soft timeout)")
 
-// Counters are the client's lease and request counters.
+// Counters are the client's request and lease counters.
 type Counters struct {
-	Requests, ExplicitRenewals, NacksReceived, Recoveries atomic.Int64
-	ReclaimsOK, ReclaimsRefused, DataLost                 atomic.Int64
+	Requests, NacksReceived, Recoveries, Revocations atomic.Int64
 }
 
 // Client is one mount's connection to leasefs.
@@ -68,10 +74,22 @@ type Client struct {
 	log *slog.Logger
 	id  ids.ClientID
 	tr  *transport.Client
+	clk clock.Real
+
+	// Invalidate, set by fs before mounting, drops the kernel's caches of
+	// an inode (page cache and attributes). Called without locks held.
+	Invalidate func(ino ids.Ino)
 
 	mu      sync.Mutex
 	session wire.Session
 	seq     uint64
+	lease   *lease.Client
+	cache   *cache.Cache
+	lapsed  bool // a lapse was logged
+
+	recoverMu sync.Mutex // one recovery at a time
+	stop      chan struct{}
+	wg        sync.WaitGroup
 
 	Counters Counters
 }
@@ -86,7 +104,8 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	host, _ := os.Hostname()
-	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:]))}
+	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:])),
+		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), Invalidate: func(ids.Ino) {}}
 	c.tr = transport.NewClient(cfg.Server, transport.ClientConfig{
 		Token: cfg.Token, ClientID: c.id, Hostname: host, Logger: cfg.Logger,
 		Faults: cfg.Faults, Callback: c.onCallback, DialTimeout: cfg.DialTimeout,
@@ -101,6 +120,8 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		c.tr.Close()
 		return nil, fmt.Errorf("client: open session with %s: %w", cfg.Server, err)
 	}
+	c.wg.Add(1)
+	go c.renewLoop()
 	return c, nil
 }
 
@@ -114,83 +135,256 @@ func (c *Client) Session() wire.Session {
 	return c.session
 }
 
+// openSession opens a new session; a failing server NACKs it until it has
+// stolen our old locks, so it retries until ctx ends.
 func (c *Client) openSession(ctx context.Context) error {
 	host, _ := os.Hostname()
 	body := (&wire.Request{Op: wire.OpOpenSession, Target: host}).Append(nil)
-	raw, err := c.tr.Call(ctx, transport.Header{Client: c.id, Seq: 0}, body)
-	if err != nil {
-		return err
-	}
-	rep, err := wire.ParseReply(raw)
-	if err != nil {
-		return err
-	}
-	if err := rep.Err(); err != nil {
-		return err
-	}
-	if rep.Session == nil {
-		return errors.New("client: server sent no session")
-	}
-	c.mu.Lock()
-	c.session = *rep.Session
-	c.seq = 0
-	c.mu.Unlock()
-	c.log.Info("session opened", "server", c.cfg.Server, "session", rep.Session.ID,
-		"client_lease", time.Duration(rep.Session.Tau), "clock_drift", rep.Session.Delta)
-	return nil
-}
-
-// Call sends req and returns the server's reply. A reply with an error code
-// is returned as an error carrying that code (wire.CodeOf).
-func (c *Client) Call(ctx context.Context, req *wire.Request) (*wire.Reply, error) {
-	body := req.Append(nil)
-	for attempt := 0; ; attempt++ {
+	for {
+		// Sequence numbers never restart: the server's reply cache must
+		// not mistake this open for an earlier one.
 		c.mu.Lock()
 		c.seq++
-		h := transport.Header{Client: c.id, Session: c.session.ID, Seq: c.seq}
+		h := transport.Header{Client: c.id, Seq: c.seq}
 		c.mu.Unlock()
-		c.Counters.Requests.Add(1)
-		cctx, cancel := ctx, context.CancelFunc(func() {})
-		if c.cfg.SoftTimeout > 0 {
-			cctx, cancel = context.WithTimeout(ctx, c.cfg.SoftTimeout)
-		}
-		raw, err := c.tr.Call(cctx, h, body)
-		cancel()
+		sent := c.clk.Now()
+		raw, err := c.tr.Call(ctx, h, body)
 		if err != nil {
-			if ctx.Err() == nil && c.cfg.SoftTimeout > 0 && errors.Is(err, context.DeadlineExceeded) {
-				return nil, ErrTimeout
-			}
-			return nil, err
+			return err
 		}
 		rep, err := wire.ParseReply(raw)
 		if err != nil {
+			return err
+		}
+		if rep.Code == wire.CodeNack {
+			select {
+			case <-time.After(100 * time.Millisecond):
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if err := rep.Err(); err != nil {
+			return err
+		}
+		if rep.Session == nil || rep.Session.Tau <= 0 {
+			return errors.New("client: server sent no session")
+		}
+		s := rep.Session
+		cfg := lease.Config{Tau: time.Duration(s.Tau), Delta: s.Delta, RenewMargin: time.Duration(s.Tau) / 4}
+		if err := cfg.Validate(); err != nil {
+			return fmt.Errorf("client: server's lease parameters: %w", err)
+		}
+		c.mu.Lock()
+		c.session = *s
+		if c.lease == nil || c.lease.Config() != cfg {
+			c.lease = lease.NewClient(cfg)
+		}
+		c.lease.Sent(sent, false)
+		c.lease.Acked(sent, c.clk.Now())
+		c.mu.Unlock()
+		c.log.Info("session opened", "server", c.cfg.Server, "session", s.ID,
+			"client_lease", time.Duration(s.Tau), "clock_drift", s.Delta)
+		return nil
+	}
+}
+
+// Call sends req and returns the server's reply, applying the locks and
+// attributes it carries. A reply with an error code is returned as an error
+// carrying that code (wire.CodeOf). After a NACK the client drops its cache,
+// opens a new session and sends req again: a NACKed request was not executed.
+func (c *Client) Call(ctx context.Context, req *wire.Request) (*wire.Reply, error) {
+	if !(req.Op == wire.OpPosixLock && req.Lk.Wait) {
+		// Only a lock wait can block for as long as another user likes,
+		// so only it gives way to a signal (EINTR). Anything else
+		// finishes: Go programs get signals all the time (SIGURG), and
+		// an EINTR from open or stat breaks tools that never expect it.
+		ctx = context.WithoutCancel(ctx)
+	}
+	body := req.Append(nil)
+	for {
+		c.mu.Lock()
+		c.seq++
+		h := transport.Header{Client: c.id, Session: c.session.ID, Seq: c.seq}
+		sent := c.clk.Now()
+		c.lease.Sent(sent, req.Op == wire.OpRenew)
+		c.mu.Unlock()
+		c.Counters.Requests.Add(1)
+		rep, err := c.roundTrip(ctx, h, body)
+		if err != nil {
 			return nil, err
 		}
-		if rep.Code == wire.CodeNack && attempt < 3 {
-			c.Counters.NacksReceived.Add(1)
-			c.log.Warn("NACK received: the server does not know this session; opening a new one", "session", h.Session)
-			if err := c.openSession(ctx); err != nil {
+		if rep.Code == wire.CodeNack {
+			if err := c.recover(ctx, h.Session); err != nil {
 				return nil, err
 			}
-			c.Counters.Recoveries.Add(1)
 			continue
 		}
+		c.mu.Lock()
+		if h.Session == c.session.ID {
+			c.lease.Acked(sent, c.clk.Now())
+			if c.lapsed {
+				c.lapsed = false
+				c.log.Info("lease renewed: server reachable again, cache still valid")
+			}
+			for _, g := range rep.Grants {
+				c.cache.Granted(g)
+			}
+			if rep.Attr != nil {
+				c.cache.SetAttr(rep.Attr)
+			}
+		}
+		evicted := c.cache.TakeEvicted()
+		c.mu.Unlock()
+		c.releaseEvicted(evicted)
 		return rep, rep.Err()
 	}
 }
 
-// onCallback answers server-initiated messages.
+func (c *Client) roundTrip(ctx context.Context, h transport.Header, body []byte) (*wire.Reply, error) {
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	if c.cfg.SoftTimeout > 0 {
+		cctx, cancel = context.WithTimeout(ctx, c.cfg.SoftTimeout)
+	}
+	defer cancel()
+	raw, err := c.tr.Call(cctx, h, body)
+	if err != nil {
+		if ctx.Err() == nil && c.cfg.SoftTimeout > 0 && errors.Is(err, context.DeadlineExceeded) {
+			return nil, ErrTimeout
+		}
+		return nil, err
+	}
+	return wire.ParseReply(raw)
+}
+
+// recover handles a NACK for the session `nacked`: drop every cache, the
+// kernel's too, and open a new session (once, however many requests saw
+// the NACK).
+func (c *Client) recover(ctx context.Context, nacked ids.SessionID) error {
+	c.recoverMu.Lock()
+	defer c.recoverMu.Unlock()
+	c.mu.Lock()
+	if c.session.ID != nacked {
+		c.mu.Unlock()
+		return nil // another request already recovered
+	}
+	c.lease.Nacked(c.clk.Now())
+	dropped := c.cache.DropAll()
+	c.mu.Unlock()
+	c.Counters.NacksReceived.Add(1)
+	c.log.Warn("NACK received: the server failed or forgot this client; dropping caches and recovering",
+		"session", nacked, "cached_inodes_dropped", len(dropped))
+	for _, ino := range dropped {
+		c.Invalidate(ino)
+	}
+	if err := c.openSession(ctx); err != nil {
+		return err
+	}
+	c.Counters.Recoveries.Add(1)
+	c.log.Info("recovery done: new session, caches rebuilt on demand")
+	return nil
+}
+
+// releaseEvicted gives back locks the cache dropped for space.
+func (c *Client) releaseEvicted(gs []wire.Grant) {
+	for _, g := range gs {
+		c.Invalidate(g.Ino)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _ = c.Call(ctx, &wire.Request{Op: wire.OpLockRelease, Ino: g.Ino, LockMode: wire.LockNone, Version: g.Seq})
+		cancel()
+	}
+}
+
+// onCallback answers server-initiated messages. A revocation is
+// acknowledged only after the caches it covers are gone, kernel included.
 func (c *Client) onCallback(ctx context.Context, body []byte) []byte {
 	cb, err := wire.ParseCallback(body)
 	if err != nil {
 		return wire.ErrorReply(wire.Errf(wire.CodeBadMessage, "%v", err)).Append(nil)
 	}
-	_ = cb
+	if cb.Kind == wire.CallbackRevoke {
+		c.Counters.Revocations.Add(1)
+		c.mu.Lock()
+		lowered := c.cache.Revoke(cb.Ino, cb.Mode, cb.Seq)
+		c.mu.Unlock()
+		if lowered && cb.Mode == wire.LockNone {
+			c.Invalidate(cb.Ino)
+		}
+	}
 	return (&wire.Reply{}).Append(nil)
 }
 
-// Close ends the session cleanly and closes the connection.
+// cached runs fn on the cache if the lease is valid, so nothing cached is
+// trusted after the lease could have lapsed.
+func (c *Client) cached(fn func(*cache.Cache) bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.lease.Valid(c.clk.Now()) {
+		return false
+	}
+	return fn(c.cache)
+}
+
+// renewLoop sends an explicit renewal only when the client holds locks and
+// no request renewed the lease recently (Burns et al.: opportunistic
+// renewal makes these rare for a busy client).
+func (c *Client) renewLoop() {
+	defer c.wg.Done()
+	// Check often enough to renew inside the margin of τ/4.
+	t := time.NewTicker(time.Duration(c.Session().Tau) / 16)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		now := c.clk.Now()
+		need := c.lease.NeedsRenewal(now, c.cache.HoldsLocks())
+		if !need && !c.lease.Valid(now) && c.cache.HoldsLocks() && !c.lapsed {
+			c.lapsed = true
+			c.log.Warn("lease lapsed: server unreachable; cached data not trusted until it answers")
+		}
+		c.mu.Unlock()
+		if need {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.session.Tau))
+			_, _ = c.Call(ctx, &wire.Request{Op: wire.OpRenew})
+			cancel()
+		}
+	}
+}
+
+// Stats describes the client for `leasefs admin --mount`.
+type Stats struct {
+	Session       ids.SessionID
+	LeaseLeft     time.Duration
+	LeaseStats    lease.ClientStats
+	CachedInodes  int
+	Hits, Misses  int64
+	Locks         []wire.Grant
+	Requests      int64
+	NacksReceived int64
+	Recoveries    int64
+	Revocations   int64
+}
+
+// Stats returns the client's state and counters.
+func (c *Client) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hits, misses, n := c.cache.Stats()
+	return Stats{Session: c.session.ID, LeaseLeft: c.lease.Remaining(c.clk.Now()), LeaseStats: c.lease.Stats(),
+		CachedInodes: n, Hits: hits, Misses: misses, Locks: c.cache.Locks(),
+		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
+		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load()}
+}
+
+// Close ends the session cleanly (releasing every lock at once) and closes
+// the connection.
 func (c *Client) Close() error {
+	close(c.stop)
+	c.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_, _ = c.Call(ctx, &wire.Request{Op: wire.OpGoodbye})

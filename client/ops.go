@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 
+	"github.com/leasefs/leasefs/cache"
+
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -18,14 +20,66 @@ func (c *Client) attrCall(ctx context.Context, req *wire.Request) (*wire.Attr, e
 	return rep.Attr, nil
 }
 
-// Lookup finds name in parent.
+// Lookup finds name in parent, from the cache when locks cover the entry
+// and the child's attributes.
 func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (*wire.Attr, error) {
-	return c.attrCall(ctx, &wire.Request{Op: wire.OpLookup, Parent: parent, Name: name})
+	var attr *wire.Attr
+	var negative bool
+	if c.cached(func(ch *cache.Cache) bool {
+		child, ok := ch.Entry(parent, name)
+		if !ok {
+			return false
+		}
+		if child == 0 {
+			negative = true
+			return true
+		}
+		attr, ok = ch.Attr(child)
+		return ok
+	}) {
+		if negative {
+			return nil, wire.Err(wire.CodeNotFound)
+		}
+		return attr, nil
+	}
+	a, err := c.attrCall(ctx, &wire.Request{Op: wire.OpLookup, Parent: parent, Name: name})
+	switch {
+	case err == nil:
+		c.withCache(func(ch *cache.Cache) { ch.SetEntry(parent, name, a.Ino) })
+	case wire.CodeOf(err) == wire.CodeNotFound:
+		c.withCache(func(ch *cache.Cache) { ch.SetEntry(parent, name, 0) })
+	}
+	return a, err
 }
 
-// GetAttr returns an inode's attributes.
+// GetAttr returns an inode's attributes, from the cache under a lock.
 func (c *Client) GetAttr(ctx context.Context, ino ids.Ino) (*wire.Attr, error) {
+	var attr *wire.Attr
+	if c.cached(func(ch *cache.Cache) bool {
+		var ok bool
+		attr, ok = ch.Attr(ino)
+		return ok
+	}) {
+		return attr, nil
+	}
 	return c.attrCall(ctx, &wire.Request{Op: wire.OpGetAttr, Ino: ino})
+}
+
+// withCache runs fn on the cache under the client's lock.
+func (c *Client) withCache(fn func(*cache.Cache)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fn(c.cache)
+}
+
+// changedDirs forgets what this client cached of directories it just
+// changed (their entries and times); the locks stay.
+func (c *Client) changedDirs(dirs ...ids.Ino) {
+	c.withCache(func(ch *cache.Cache) {
+		for _, d := range dirs {
+			ch.InvalidateDir(d)
+		}
+	})
 }
 
 // SetAttr changes attributes; req carries Valid and the values.
@@ -36,16 +90,19 @@ func (c *Client) SetAttr(ctx context.Context, req *wire.Request) (*wire.Attr, er
 
 // Create makes a regular file, device, fifo or socket.
 func (c *Client) Create(ctx context.Context, parent ids.Ino, name string, mode, uid, gid, rdev uint32) (*wire.Attr, error) {
+	defer c.changedDirs(parent)
 	return c.attrCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid, Rdev: rdev})
 }
 
 // Mkdir makes a directory.
 func (c *Client) Mkdir(ctx context.Context, parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, error) {
+	defer c.changedDirs(parent)
 	return c.attrCall(ctx, &wire.Request{Op: wire.OpMkdir, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid})
 }
 
 // Symlink makes a symbolic link.
 func (c *Client) Symlink(ctx context.Context, parent ids.Ino, name, target string, uid, gid uint32) (*wire.Attr, error) {
+	defer c.changedDirs(parent)
 	return c.attrCall(ctx, &wire.Request{Op: wire.OpSymlink, Parent: parent, Name: name, Target: target, Uid: uid, Gid: gid})
 }
 
@@ -60,24 +117,41 @@ func (c *Client) Readlink(ctx context.Context, ino ids.Ino) (string, error) {
 
 // Link adds a hard link to ino.
 func (c *Client) Link(ctx context.Context, ino, newParent ids.Ino, name string) (*wire.Attr, error) {
+	defer c.changedDirs(newParent, ino)
 	return c.attrCall(ctx, &wire.Request{Op: wire.OpLink, Ino: ino, NewPar: newParent, Name: name})
 }
 
 // Unlink removes a non-directory entry.
 func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error {
+	child, _ := c.Lookup(ctx, parent, name)
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpUnlink, Parent: parent, Name: name})
+	if child != nil {
+		c.changedDirs(parent, child.Ino)
+	} else {
+		c.changedDirs(parent)
+	}
 	return err
 }
 
 // Rmdir removes an empty directory.
 func (c *Client) Rmdir(ctx context.Context, parent ids.Ino, name string) error {
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpRmdir, Parent: parent, Name: name})
+	c.changedDirs(parent)
 	return err
 }
 
 // Rename moves an entry, replacing an existing target as POSIX says.
 func (c *Client) Rename(ctx context.Context, parent ids.Ino, name string, newParent ids.Ino, newName string, flags uint32) error {
+	moved, _ := c.Lookup(ctx, parent, name)
+	target, _ := c.Lookup(ctx, newParent, newName)
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpRename, Parent: parent, Name: name, NewPar: newParent, NewName: newName, Flags: flags})
+	dirs := []ids.Ino{parent, newParent}
+	for _, a := range []*wire.Attr{moved, target} {
+		if a != nil {
+			dirs = append(dirs, a.Ino)
+		}
+	}
+	c.changedDirs(dirs...)
 	return err
 }
 
@@ -144,6 +218,7 @@ func (c *Client) GetXattr(ctx context.Context, ino ids.Ino, name string) ([]byte
 
 // SetXattr sets an extended attribute.
 func (c *Client) SetXattr(ctx context.Context, ino ids.Ino, name string, value []byte, flags uint32) error {
+	defer c.changedDirs(ino)
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpSetXattr, Ino: ino, Name: name, Data: value, Flags: flags})
 	return err
 }
@@ -170,4 +245,21 @@ func (c *Client) PosixLock(ctx context.Context, ino ids.Ino, lk wire.PosixLk) (*
 		return nil, err
 	}
 	return rep.Lk, nil
+}
+
+// LockMode returns the data lock the client holds on ino while its lease is
+// valid.
+func (c *Client) LockMode(ino ids.Ino) wire.LockMode {
+	mode := wire.LockNone
+	c.cached(func(ch *cache.Cache) bool {
+		mode, _ = ch.Mode(ino)
+		return true
+	})
+	return mode
+}
+
+// ReleaseLockOwner drops every POSIX and flock lock of owner on ino.
+func (c *Client) ReleaseLockOwner(ctx context.Context, ino ids.Ino, owner uint64) error {
+	_, err := c.Call(ctx, &wire.Request{Op: wire.OpPosixLock, Ino: ino, Flags: wire.PosixReleaseOwner, Lk: wire.PosixLk{Owner: owner}})
+	return err
 }

@@ -2,6 +2,8 @@ package fs
 
 import (
 	"context"
+	"math"
+	"sync"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -14,6 +16,9 @@ import (
 type fileHandle struct {
 	n     *Node
 	flags uint32
+
+	mu     sync.Mutex
+	owners map[uint64]bool // lock owners that locked through this handle
 }
 
 var (
@@ -56,6 +61,7 @@ func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 
 // Release is the last close of the handle.
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
+	h.releaseLocks()
 	return toErrno(h.n.c.Release(context.Background(), h.n.ino()))
 }
 
@@ -112,4 +118,81 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	d.after, d.buf, d.eof = off, nil, false
 	return 0
+}
+
+var (
+	_ = (gofs.FileGetlker)((*fileHandle)(nil))
+	_ = (gofs.FileSetlker)((*fileHandle)(nil))
+	_ = (gofs.FileSetlkwer)((*fileHandle)(nil))
+)
+
+func (h *fileHandle) posixLk(owner uint64, lk *fuse.FileLock, flags uint32) wire.PosixLk {
+	end := lk.End
+	if end >= math.MaxInt64 {
+		end = math.MaxUint64 // to end of file
+	}
+	return wire.PosixLk{Flock: flags&fuse.FUSE_LK_FLOCK != 0, Type: uint8(lk.Typ), Start: lk.Start, End: end,
+		Pid: lk.Pid, Owner: owner}
+}
+
+// Getlk reports a lock that would block lk (F_GETLK).
+func (h *fileHandle) Getlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32, out *fuse.FileLock) syscall.Errno {
+	req := h.posixLk(owner, lk, flags)
+	req.Get = true
+	got, err := h.n.c.PosixLock(ctx, h.n.ino(), req)
+	if err != nil {
+		return toErrno(err)
+	}
+	out.Typ = uint32(got.Type)
+	if got.Type != syscall.F_UNLCK {
+		out.Start, out.End, out.Pid = got.Start, got.End, got.Pid
+		if got.End == math.MaxUint64 {
+			out.End = math.MaxInt64
+		}
+	}
+	return 0
+}
+
+// Setlk sets a lock without waiting (F_SETLK, flock LOCK_NB).
+func (h *fileHandle) Setlk(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	return h.setlk(ctx, h.posixLk(owner, lk, flags))
+}
+
+// Setlkw sets a lock, waiting for conflicting ones (F_SETLKW, flock).
+func (h *fileHandle) Setlkw(ctx context.Context, owner uint64, lk *fuse.FileLock, flags uint32) syscall.Errno {
+	req := h.posixLk(owner, lk, flags)
+	req.Wait = true
+	return h.setlk(ctx, req)
+}
+
+func (h *fileHandle) setlk(ctx context.Context, req wire.PosixLk) syscall.Errno {
+	if req.Type != syscall.F_UNLCK {
+		h.mu.Lock()
+		if h.owners == nil {
+			h.owners = map[uint64]bool{}
+		}
+		h.owners[req.Owner] = true
+		h.mu.Unlock()
+	}
+	_, err := h.n.c.PosixLock(ctx, h.n.ino(), req)
+	return toErrno(err)
+}
+
+// releaseLocks drops the POSIX and flock locks taken through this handle:
+// the file is closed.
+func (h *fileHandle) releaseLocks() {
+	h.mu.Lock()
+	owners := h.owners
+	h.owners = nil
+	h.mu.Unlock()
+	for owner := range owners {
+		_ = h.n.c.ReleaseLockOwner(context.Background(), h.n.ino(), owner)
+	}
+}
+
+var _ = (gofs.FileFsyncdirer)((*dirHandle)(nil))
+
+// Fsyncdir makes the directory's entries durable on the server.
+func (d *dirHandle) Fsyncdir(ctx context.Context, flags uint32) syscall.Errno {
+	return toErrno(d.n.c.Fsync(ctx, d.n.ino()))
 }

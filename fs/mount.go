@@ -9,6 +9,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/leasefs/leasefs/client"
+	"github.com/leasefs/leasefs/internal/ids"
 )
 
 // MountOptions configures a mount.
@@ -27,6 +28,10 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		EntryTimeout:    &zero,
 		AttrTimeout:     &zero,
 		NegativeTimeout: &zero,
+		// Node ids are inode numbers, so a revocation can name the inode
+		// whose kernel caches it must drop.
+		ExternalNodeID: true,
+		RootStableAttr: &gofs.StableAttr{Ino: uint64(ids.RootIno)},
 		MountOptions: fuse.MountOptions{
 			FsName:             "leasefs",
 			Name:               "leasefs",
@@ -42,11 +47,16 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		// permissions against the stored mode, uid and gid.
 		opts.AllowOther = true
 		opts.Options = append(opts.Options, "default_permissions")
-		opts.DirectMount = true
+		opts.DirectMountStrict = true
 	}
 	srv, err := gofs.Mount(dir, root, opts)
 	if err != nil {
 		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
+	}
+	c.Invalidate = func(ino ids.Ino) {
+		// Pages and attributes; ENOENT only means the kernel has
+		// nothing cached for it.
+		_ = srv.InodeNotify(uint64(ino), 0, 0)
 	}
 	return srv, nil
 }

@@ -270,15 +270,42 @@ func (n *Node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle
 
 // Open opens a file.
 func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	a, err := n.c.Open(ctx, n.ino(), flags)
-	if err != nil {
+	if _, err := n.c.Open(ctx, n.ino(), flags); err != nil {
 		return nil, 0, toErrno(err)
 	}
-	_ = a
-	// direct_io: without a data lock the kernel must not serve reads from
-	// its page cache, which another client's write would make stale.
-	return &fileHandle{n: n, flags: flags}, fuse.FOPEN_DIRECT_IO, 0
+	h := &fileHandle{n: n, flags: flags}
+	if flags&syscall.O_ACCMODE == syscall.O_RDONLY && n.c.LockMode(n.ino()) != wire.LockNone {
+		// The open granted a data lock: the kernel may keep this file's
+		// pages; a revocation drops them (Client.Invalidate).
+		return h, fuse.FOPEN_KEEP_CACHE, 0
+	}
+	// Writers bypass the page cache so every write reaches the server at
+	// once and a reader elsewhere sees it.
+	return h, fuse.FOPEN_DIRECT_IO, 0
 }
 
 // nowNano is the wall-clock time for file times set by the client.
 func nowNano() int64 { return time.Now().UnixNano() }
+
+var _ = (gofs.NodeAllocater)((*Node)(nil))
+
+// Allocate implements fallocate's default mode (grow the file) and
+// FALLOC_FL_KEEP_SIZE; leasefs stores files sparsely, so reserving space
+// has nothing else to do.
+func (n *Node) Allocate(ctx context.Context, f gofs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
+	const keepSize = 1 // FALLOC_FL_KEEP_SIZE
+	switch mode {
+	case keepSize:
+		return 0
+	case 0:
+		a, err := n.c.GetAttr(ctx, n.ino())
+		if err != nil {
+			return toErrno(err)
+		}
+		if end := off + size; end > a.Size {
+			_, err = n.c.SetAttr(ctx, &wire.Request{Ino: n.ino(), Valid: wire.SetSize, Size: end})
+		}
+		return toErrno(err)
+	}
+	return syscall.EOPNOTSUPP
+}

@@ -74,6 +74,10 @@ func Ops() []Op {
 	return out
 }
 
+// PosixReleaseOwner in an OpPosixLock request's Flags drops every lock of
+// Lk.Owner on the inode (its file was closed).
+const PosixReleaseOwner uint32 = 1
+
 // SetAttr valid bits.
 const (
 	SetMode uint32 = 1 << iota

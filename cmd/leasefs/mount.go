@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/leasefs/leasefs/client"
+	lfs "github.com/leasefs/leasefs/fs"
+	"github.com/leasefs/leasefs/transport"
+)
+
+func runMount(argv []string) error {
+	cfg := client.DefaultConfig()
+	fs := newFlags("mount", "--server HOST:PORT (--token-file FILE | --token TOKEN) [flags] MOUNTPOINT",
+		"Mount leasefs at MOUNTPOINT and serve it in the foreground until it is unmounted\n"+
+			"(umount MOUNTPOINT) or this process gets SIGINT or SIGTERM (then it unmounts and exits 0).")
+	var tokenFile, token, faults string
+	var debug bool
+	var logging logFlags
+	fs.StringVar(&cfg.Server, "server", "", "server address HOST:PORT (required)")
+	fs.StringVar(&tokenFile, "token-file", "", "file holding the cluster's join token (the server's DATA/token)")
+	fs.StringVar(&token, "token", "", "the join token itself (prefer --token-file: command lines are visible to other users)")
+	fs.DurationVar(&cfg.SoftTimeout, "soft-timeout", 0, "fail operations with EIO after the server was unreachable this long (0: block until it returns, like NFS hard)")
+	fs.DurationVar(&cfg.DialTimeout, "dial-timeout", cfg.DialTimeout, "how long to try to reach the server at mount time")
+	fs.BoolVar(&debug, "fuse-debug", false, "log every FUSE request")
+	fs.StringVar(&faults, "faults", "", "inject transport faults (testing only)")
+	_ = fs.MarkHidden("faults")
+	logging.add(fs)
+	if err := parse(fs, argv); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	log, err := logging.logger()
+	if err != nil {
+		return err
+	}
+	cfg.Logger = log
+	if cfg.Server == "" {
+		return errors.New("--server is required")
+	}
+	switch {
+	case token != "" && tokenFile != "":
+		return errors.New("give --token or --token-file, not both")
+	case token != "":
+		cfg.Token, err = transport.ParseToken(token)
+	case tokenFile != "":
+		cfg.Token, err = transport.ReadTokenFile(tokenFile)
+	default:
+		return errors.New("--token-file or --token is required")
+	}
+	if err != nil {
+		return err
+	}
+	if faults != "" {
+		if cfg.Faults, err = transport.ParseFaults(faults); err != nil {
+			return fmt.Errorf("--faults: %w", err)
+		}
+	}
+	return mountAndServe(cfg, fs.Arg(0), lfs.MountOptions{Debug: debug}, log)
+}
+
+// mountAndServe connects, mounts and serves until unmount or signal.
+func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, log *slog.Logger) error {
+	st, err := os.Stat(mountpoint)
+	if err != nil {
+		return fmt.Errorf("mountpoint: %w", err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("mountpoint %s is not a directory", mountpoint)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	c, err := client.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	srv, err := lfs.Mount(mountpoint, c, opts)
+	if err != nil {
+		return err
+	}
+	log.Info("mounted", "mountpoint", mountpoint, "server", cfg.Server)
+	done := make(chan struct{})
+	go func() { srv.Wait(); close(done) }()
+	select {
+	case <-done:
+		log.Info("unmounted", "mountpoint", mountpoint)
+	case <-ctx.Done():
+		log.Info("signal received, unmounting", "mountpoint", mountpoint)
+		unmount(srv, mountpoint, log)
+		<-done
+	}
+	return nil
+}
+
+// unmount retries while the mount is busy, then detaches it lazily so the
+// process can always exit.
+func unmount(srv *fuse.Server, mountpoint string, log *slog.Logger) {
+	for i := 0; i < 20; i++ {
+		if err := srv.Unmount(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	log.Warn("mount busy, detaching lazily", "mountpoint", mountpoint)
+	_ = syscall.Unmount(mountpoint, syscall.MNT_DETACH)
+}

@@ -1,0 +1,266 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var binary string // the leasefs binary built once for all tests
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "leasefs-bin")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "leasefs")
+	cmd := exec.Command("go", "build", "-o", binary, "../cmd/leasefs")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build leasefs:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func requireFUSE(t testing.TB) {
+	t.Helper()
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	if os.Geteuid() != 0 {
+		if _, err := exec.LookPath("fusermount3"); err != nil {
+			t.Skip("not root and no fusermount3")
+		}
+	}
+}
+
+// proc is a leasefs process whose output goes to a log file in the test's
+// temp directory and, on failure, to the test log.
+type proc struct {
+	t    testing.TB
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{}
+	err  error
+}
+
+func startProc(t testing.TB, name string, args ...string) *proc {
+	t.Helper()
+	logf := filepath.Join(t.TempDir(), name+".log")
+	f, err := os.Create(logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(binary, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{t: t, name: name, cmd: cmd, log: logf, done: make(chan struct{})}
+	go func() { p.err = cmd.Wait(); f.Close(); close(p.done) }()
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf)
+			if len(b) > 8000 {
+				b = b[len(b)-8000:]
+			}
+			t.Logf("---- %s log (tail) ----\n%s", name, b)
+		}
+	})
+	return p
+}
+
+func (p *proc) signal(sig syscall.Signal) { _ = p.cmd.Process.Signal(sig) }
+
+func (p *proc) kill() {
+	select {
+	case <-p.done:
+	default:
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (p *proc) output() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
+
+// server is a running `leasefs serve`.
+type server struct {
+	*proc
+	dir, addr, tokenFile string
+	extra                []string
+}
+
+func freeUDPAddr(t testing.TB) string {
+	t.Helper()
+	c, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return c.LocalAddr().String()
+}
+
+// startServer runs a server on a fresh data directory and waits for its token.
+func startServer(t testing.TB, extra ...string) *server {
+	t.Helper()
+	s := &server{dir: t.TempDir(), addr: freeUDPAddr(t), extra: extra}
+	s.tokenFile = filepath.Join(s.dir, "token")
+	s.start(t)
+	return s
+}
+
+func (s *server) start(t testing.TB) {
+	t.Helper()
+	args := append([]string{"serve", "--data", s.dir, "--listen", s.addr, "--log-level", "debug"}, s.extra...)
+	s.proc = startProc(t, "server", args...)
+	waitFor(t, 10*time.Second, "server to listen", func() bool {
+		return strings.Contains(s.output(), "serving")
+	})
+}
+
+// restart kills the server with SIGKILL and starts it again on the same
+// data directory and address.
+func (s *server) restart(t testing.TB) {
+	t.Helper()
+	s.proc.kill()
+	s.start(t)
+}
+
+// mount is a running `leasefs mount`.
+type mount struct {
+	*proc
+	dir string
+}
+
+func isMounted(dir string) bool {
+	b, err := os.ReadFile("/proc/mounts")
+	if err != nil {
+		return false
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) > 2 && f[1] == dir && strings.HasPrefix(f[2], "fuse") {
+			return true
+		}
+	}
+	return false
+}
+
+// startMount mounts s in a fresh directory and waits until the mount is live.
+func startMount(t testing.TB, s *server, extra ...string) *mount {
+	t.Helper()
+	requireFUSE(t)
+	m := &mount{dir: filepath.Join(t.TempDir(), "mnt")}
+	if err := os.Mkdir(m.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"mount", "--server", s.addr, "--token-file", s.tokenFile, "--log-level", "debug"}, extra...)
+	m.proc = startProc(t, "mount-"+filepath.Base(filepath.Dir(m.dir)), append(args, m.dir)...)
+	t.Cleanup(func() { m.unmount(t) })
+	waitFor(t, 15*time.Second, "mount to appear", func() bool {
+		if m.exited() {
+			t.Fatalf("mount exited: %v\n%s", m.err, m.output())
+		}
+		return isMounted(m.dir)
+	})
+	return m
+}
+
+var abortOnce sync.Once
+
+// unmount ends the mount: SIGTERM first (the clean path), then a lazy
+// unmount and, if FUSE requests hang, an abort through fusectl.
+func (m *mount) unmount(t testing.TB) {
+	if !m.exited() {
+		m.signal(syscall.SIGCONT)
+		m.signal(syscall.SIGTERM)
+		select {
+		case <-m.done:
+		case <-time.After(5 * time.Second):
+			abortFUSE(m.dir)
+			m.kill()
+		}
+	}
+	if isMounted(m.dir) {
+		abortFUSE(m.dir)
+		_ = syscall.Unmount(m.dir, syscall.MNT_DETACH)
+	}
+}
+
+// abortFUSE aborts the FUSE connection behind dir so nothing stays hung.
+// It reads the device number from mountinfo: a stat could hang itself.
+func abortFUSE(dir string) {
+	abortOnce.Do(func() {
+		_ = syscall.Mount("fusectl", "/sys/fs/fuse/connections", "fusectl", 0, "")
+	})
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == dir {
+			if _, minor, ok := strings.Cut(f[2], ":"); ok {
+				_ = os.WriteFile("/sys/fs/fuse/connections/"+minor+"/abort", []byte("1"), 0)
+			}
+		}
+	}
+	_ = syscall.Unmount(dir, syscall.MNT_DETACH)
+}
+
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// run runs a command with a timeout and fails the test on error.
+func run(t testing.TB, dir string, name string, args ...string) string {
+	t.Helper()
+	out, err := runErr(dir, name, args...)
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func runErr(dir string, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}

@@ -1,0 +1,36 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+
+	"github.com/hanwen/go-fuse/v2/posixtest"
+)
+
+// posixSkips lists posixtest cases leasefs does not run, with the reason.
+var posixSkips = map[string]string{
+	"FcntlFlockLocksFile": "fcntl locks are released when the handle that took them closes, not when the process " +
+		"closes any other descriptor of the file (go-fuse's fs API does not pass FLUSH's lock owner)",
+}
+
+func TestPosix(t *testing.T) {
+	s := startServer(t)
+	m := startMount(t, s)
+	names := make([]string, 0, len(posixtest.All))
+	for name := range posixtest.All {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			if why, ok := posixSkips[name]; ok {
+				t.Skip(why)
+			}
+			dir := filepath.Join(m.dir, name)
+			must(t, os.Mkdir(dir, 0o755))
+			posixtest.All[name](t, dir)
+		})
+	}
+}

@@ -1,0 +1,354 @@
+package metaserver
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/leasefs/leasefs/internal/clock"
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/lease"
+	"github.com/leasefs/leasefs/locks"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// errNack answers a client the server is failing or does not know.
+var errNack = wire.Errf(wire.CodeNack, "client lease failed: drop caches and recover")
+
+type holdKey struct {
+	client ids.ClientID
+	ino    ids.Ino
+}
+
+// lockMgr is the I/O shell around the pure lock tables and the failing-client
+// set: it delivers revocations, times clients out and wakes waiters. One
+// mutex serialises every call into the cores.
+type lockMgr struct {
+	s   *Server
+	clk clock.Real
+
+	mu      sync.Mutex
+	changed *sync.Cond // inflight dropped
+	data    *locks.DataTable
+	posix   *locks.PosixTable
+	failing *lease.FailingSet
+	// waiting requests, woken by grants computed in other goroutines
+	waiters map[holdKey]chan locks.Grant
+	pwait   map[locks.WaiterID]chan struct{}
+	// inflight counts operations executing under a client's lock on an
+	// inode; a revocation is completed only when they are done, so no
+	// client can be granted a conflicting lock while such an operation
+	// still changes the inode.
+	inflight map[holdKey]int
+	stats    lockStats
+}
+
+type lockStats struct {
+	Granted, Revoked, Stolen, ClientsFailed, DeliveryErrors int64
+}
+
+func newLockMgr(s *Server) *lockMgr {
+	lcfg := lease.Config{Tau: s.cfg.ClientLease, Delta: s.cfg.ClockDrift, RenewMargin: s.cfg.ClientLease / 4}
+	m := &lockMgr{s: s,
+		data:     locks.NewDataTable(locks.DefaultDataConfig()),
+		posix:    locks.NewPosixTable(locks.DefaultPosixConfig()),
+		failing:  lease.NewFailingSet(lcfg),
+		waiters:  map[holdKey]chan locks.Grant{},
+		pwait:    map[locks.WaiterID]chan struct{}{},
+		inflight: map[holdKey]int{},
+	}
+	m.changed = sync.NewCond(&m.mu)
+	// A restarted server grants no lock for τ(1+δ): clients of the previous
+	// incarnation may trust their locks until their leases lapse.
+	grace := lcfg.FailTimeout()
+	m.data.SetGrace(m.clk.Now().Add(grace))
+	time.AfterFunc(grace, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.dispatch(m.data.Tick(m.clk.Now()))
+	})
+	return m
+}
+
+func (m *lockMgr) isFailing(c ids.ClientID) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.failing.Failing(c, m.clk.Now())
+}
+
+// held is a lock an operation executes under; done must be called after.
+type held struct {
+	key   holdKey
+	grant locks.Grant
+}
+
+// acquire gets mode on ino for client c, waiting for revocations, and
+// marks an operation in flight under it.
+func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode locks.Mode) (held, error) {
+	key := holdKey{c, ino}
+	m.mu.Lock()
+	if m.failing.Failing(c, m.clk.Now()) {
+		m.mu.Unlock()
+		return held{}, errNack
+	}
+	out, err := m.data.Request(c, ino, mode)
+	if err != nil {
+		m.mu.Unlock()
+		return held{}, wire.Errf(wire.CodeAgain, "%v", err)
+	}
+	var ch chan locks.Grant
+	if out.Queued {
+		ch = make(chan locks.Grant, 1)
+		m.waiters[key] = ch
+	}
+	own, ok := m.dispatchFor(out, key)
+	m.mu.Unlock()
+	if ok {
+		return held{key, own}, nil
+	}
+	select {
+	case g := <-ch:
+		return held{key, g}, nil
+	case <-ctx.Done():
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		select {
+		case g := <-ch: // granted while we gave up: undo
+			m.inflight[key]--
+			m.changed.Broadcast()
+			_ = g
+		default:
+		}
+		delete(m.waiters, key)
+		if out, err := m.data.Cancel(c, ino); err == nil {
+			m.dispatch(out)
+		}
+		return held{}, ctx.Err()
+	}
+}
+
+// done ends an operation under h.
+func (m *lockMgr) done(h held) {
+	m.mu.Lock()
+	if m.inflight[h.key]--; m.inflight[h.key] <= 0 {
+		delete(m.inflight, h.key)
+	}
+	m.changed.Broadcast()
+	m.mu.Unlock()
+}
+
+// dispatch acts on an outcome: wakes granted waiters, sends revocations.
+// Called with mu held.
+func (m *lockMgr) dispatch(out locks.Outcome) { m.dispatchFor(out, holdKey{}) }
+
+// dispatchFor is dispatch that also returns self's own grant, if any,
+// instead of waking a waiter for it.
+func (m *lockMgr) dispatchFor(out locks.Outcome, self holdKey) (locks.Grant, bool) {
+	var own locks.Grant
+	found := false
+	for _, g := range out.Grants {
+		key := holdKey{g.Client, g.Ino}
+		m.stats.Granted++
+		m.inflight[key]++
+		if key == self {
+			own, found = g, true
+			delete(m.waiters, key)
+			continue
+		}
+		if ch := m.waiters[key]; ch != nil {
+			delete(m.waiters, key)
+			ch <- g
+		} else {
+			m.inflight[key]-- // nobody waits any more (cancelled)
+		}
+	}
+	for _, r := range out.Revokes {
+		m.stats.Revoked++
+		go m.revoke(r)
+	}
+	return own, found
+}
+
+// revoke delivers one revocation and completes it, or fails the client
+// when its application does not acknowledge in time (Burns et al.: a
+// delivery error starts the server's only lease timer).
+func (m *lockMgr) revoke(r locks.Revoke) {
+	ctx, cancel := context.WithTimeout(context.Background(), m.s.cfg.DeliveryTimeout)
+	defer cancel()
+	cb := (&wire.Callback{Kind: wire.CallbackRevoke, Ino: r.Ino, Mode: wire.LockMode(r.To), Seq: r.Seq}).Append(nil)
+	raw, err := m.s.tr.Callback(ctx, r.Client, cb)
+	if err == nil {
+		var rep *wire.Reply
+		if rep, err = wire.ParseReply(raw); err == nil {
+			err = rep.Err()
+		}
+	}
+	if err != nil {
+		m.s.log.Warn("revocation not acknowledged; failing client", "client", r.Client, "ino", r.Ino, "err", err)
+		m.fail(r.Client, "revocation not acknowledged")
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	key := holdKey{r.Client, r.Ino}
+	for m.inflight[key] > 0 {
+		m.changed.Wait()
+	}
+	out, err := m.data.Release(r.Client, r.Ino, r.To, r.Seq)
+	if err != nil && !errors.Is(err, locks.ErrNotHeld) {
+		m.s.log.Debug("release after revocation", "client", r.Client, "ino", r.Ino, "err", err)
+	}
+	m.dispatch(out)
+}
+
+// fail starts the one lease timer the server ever runs for a client: it
+// NACKs the client for τ(1+δ), then steals its locks and forgets it.
+func (m *lockMgr) fail(c ids.ClientID, why string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clk.Now()
+	if m.failing.Failing(c, now) {
+		return
+	}
+	m.stats.ClientsFailed++
+	deadline := m.failing.Fail(c, now)
+	m.s.log.Warn("client failing: NACKing its requests until its lease has surely expired",
+		"client", c, "reason", why, "steal_in", deadline.Sub(now))
+	time.AfterFunc(deadline.Sub(now), m.expire)
+}
+
+// expire steals the locks of clients whose failing timer ran out.
+func (m *lockMgr) expire() {
+	m.mu.Lock()
+	expired := m.failing.Expired(m.clk.Now())
+	for _, c := range expired {
+		m.stealLocked(c)
+	}
+	m.mu.Unlock()
+	for _, c := range expired {
+		m.s.log.Warn("client timed out: locks stolen, session forgotten", "client", c)
+		m.s.dropSession(c)
+	}
+}
+
+// stealLocked takes every data and POSIX lock of c. Called with mu held.
+func (m *lockMgr) stealLocked(c ids.ClientID) {
+	out := m.data.Steal(c)
+	m.stats.Stolen += int64(len(out.Grants))
+	for k := range m.inflight {
+		if k.client == c {
+			delete(m.inflight, k)
+		}
+	}
+	m.changed.Broadcast()
+	m.dispatch(out)
+	m.posixGranted(m.posix.Steal(c))
+}
+
+// release drops c's lock on ino (the client evicted it or closed cleanly).
+func (m *lockMgr) release(c ids.ClientID, ino ids.Ino, to locks.Mode, seq uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	key := holdKey{c, ino}
+	for m.inflight[key] > 0 {
+		m.changed.Wait()
+	}
+	if out, err := m.data.Release(c, ino, to, seq); err == nil {
+		m.dispatch(out)
+	}
+}
+
+// forgetClient releases everything of a client that told us it holds
+// nothing (new session after NACK, or goodbye).
+func (m *lockMgr) forgetClient(c ids.ClientID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stealLocked(c)
+}
+
+func (m *lockMgr) posixGranted(gs []locks.PosixGrant) {
+	for _, g := range gs {
+		if ch := m.pwait[g.Waiter]; ch != nil {
+			delete(m.pwait, g.Waiter)
+			close(ch)
+		}
+	}
+}
+
+// posixLock serves flock and fcntl requests.
+func (m *lockMgr) posixLock(ctx context.Context, c ids.ClientID, ino ids.Ino, r wire.PosixLk) (*wire.PosixLk, error) {
+	lk := locks.PosixLock{Owner: locks.Owner{Client: c, Owner: r.Owner}, Pid: r.Pid, Flock: r.Flock,
+		Type: locks.LockType(r.Type), Start: r.Start, End: r.End}
+	m.mu.Lock()
+	if m.failing.Failing(c, m.clk.Now()) {
+		m.mu.Unlock()
+		return nil, errNack
+	}
+	switch {
+	case r.Get:
+		conflict, found, err := m.posix.Get(ino, lk)
+		m.mu.Unlock()
+		if err != nil {
+			return nil, wire.Errf(wire.CodeInvalid, "%v", err)
+		}
+		if !found {
+			return &wire.PosixLk{Type: uint8(locks.Unlock)}, nil
+		}
+		return &wire.PosixLk{Flock: conflict.Flock, Type: uint8(conflict.Type), Start: conflict.Start,
+			End: conflict.End, Pid: conflict.Pid, Owner: conflict.Owner.Owner}, nil
+	case !r.Wait || lk.Type == locks.Unlock:
+		gs, err := m.posix.Set(ino, lk)
+		m.posixGranted(gs)
+		m.mu.Unlock()
+		if errors.Is(err, locks.ErrConflict) {
+			return nil, wire.Errf(wire.CodeAgain, "%v", err)
+		}
+		if err != nil {
+			return nil, wire.Errf(wire.CodeInvalid, "%v", err)
+		}
+		return &wire.PosixLk{}, nil
+	}
+	id, gs, err := m.posix.SetWait(ino, lk)
+	if err != nil {
+		m.mu.Unlock()
+		if errors.Is(err, locks.ErrDeadlock) {
+			return nil, wire.Errf(wire.CodeDeadlock, "%v", err)
+		}
+		return nil, wire.Errf(wire.CodeInvalid, "%v", err)
+	}
+	mine := slices.ContainsFunc(gs, func(g locks.PosixGrant) bool { return g.Waiter == id })
+	var ch chan struct{}
+	if !mine {
+		ch = make(chan struct{})
+		m.pwait[id] = ch
+	}
+	m.posixGranted(gs)
+	m.mu.Unlock()
+	if mine {
+		return &wire.PosixLk{}, nil
+	}
+	select {
+	case <-ch:
+		return &wire.PosixLk{}, nil
+	case <-ctx.Done():
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		select {
+		case <-ch: // granted as we gave up: keep it, the kernel retries or unlocks
+			return &wire.PosixLk{}, nil
+		default:
+		}
+		delete(m.pwait, id)
+		_ = m.posix.Cancel(id)
+		return nil, wire.Err(wire.CodeInterrupted)
+	}
+}
+
+// releaseOwner drops the POSIX locks of one lock owner (file closed).
+func (m *lockMgr) releaseOwner(c ids.ClientID, owner uint64, ino ids.Ino) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.posixGranted(m.posix.ReleaseOwner(c, owner, ino))
+}

@@ -1,0 +1,318 @@
+package metaserver
+
+import (
+	"context"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/locks"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// lockReq is a data lock an operation takes for its client.
+type lockReq struct {
+	ino  ids.Ino
+	mode locks.Mode
+}
+
+func shared(inos ...ids.Ino) []lockReq    { return reqs(locks.Shared, inos) }
+func exclusive(inos ...ids.Ino) []lockReq { return reqs(locks.Exclusive, inos) }
+
+func reqs(mode locks.Mode, inos []ids.Ino) []lockReq {
+	out := make([]lockReq, 0, len(inos))
+	for _, ino := range inos {
+		if ino != 0 {
+			out = append(out, lockReq{ino, mode})
+		}
+	}
+	return out
+}
+
+// underLocks runs fn with the client holding every lock in want. Locks are
+// taken in ascending inode order so that operations on several inodes
+// cannot deadlock; a reader gets S (so it may cache what it read), a writer
+// X (so no other client caches what it changes). The grants travel back
+// with the reply.
+func (s *Server) underLocks(ctx context.Context, sess *session, want []lockReq, fn func() *wire.Reply) *wire.Reply {
+	slices.SortFunc(want, func(a, b lockReq) int { return cmpIno(a.ino, b.ino) })
+	var hs []held
+	defer func() {
+		for _, h := range hs {
+			s.lm.done(h)
+		}
+	}()
+	for i, w := range want {
+		if i > 0 && want[i-1].ino == w.ino {
+			continue
+		}
+		mode := w.mode
+		for _, o := range want[i:] {
+			if o.ino == w.ino && o.mode > mode {
+				mode = o.mode
+			}
+		}
+		h, err := s.lm.acquire(ctx, sess.client, w.ino, mode)
+		if err != nil {
+			return wire.ErrorReply(err)
+		}
+		hs = append(hs, h)
+	}
+	rep := fn()
+	for _, h := range hs {
+		rep.Grants = append(rep.Grants, wire.Grant{Ino: h.grant.Ino, Mode: wire.LockMode(h.grant.Mode), Seq: h.grant.Seq})
+	}
+	return rep
+}
+
+func cmpIno(a, b ids.Ino) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// child resolves parent/name without a lock, to know which inode to lock;
+// the operation re-checks under the locks.
+func (s *Server) child(parent ids.Ino, name string) ids.Ino {
+	a, err := s.store.Lookup(parent, name)
+	if err != nil {
+		return 0
+	}
+	return a.Ino
+}
+
+// withChild runs an operation on parent/name under locks that include the
+// child it names, retrying if the name was re-pointed while locking.
+func (s *Server) withChild(ctx context.Context, sess *session, parent ids.Ino, name string,
+	mode locks.Mode, lockParent locks.Mode, fn func() *wire.Reply) *wire.Reply {
+	for attempt := 0; ; attempt++ {
+		child := s.child(parent, name)
+		want := reqs(mode, []ids.Ino{child})
+		want = append(want, lockReq{parent, lockParent})
+		var moved bool
+		rep := s.underLocks(ctx, sess, want, func() *wire.Reply {
+			if s.child(parent, name) != child && attempt < 5 {
+				moved = true
+				return &wire.Reply{}
+			}
+			return fn()
+		})
+		if !moved {
+			return rep
+		}
+	}
+}
+
+// dispatch executes one request against the store under the data locks it
+// needs.
+func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *wire.Reply {
+	now := time.Now().UnixNano()
+	st := s.store
+	switch r.Op {
+	case wire.OpRenew:
+		return &wire.Reply{}
+	case wire.OpGoodbye:
+		s.mu.Lock()
+		if s.sessions[sess.client] == sess {
+			delete(s.sessions, sess.client)
+		}
+		s.mu.Unlock()
+		s.forgetSession(sess)
+		s.lm.forgetClient(sess.client)
+		s.log.Info("session closed by client", "client", sess.client, "session", sess.id)
+		return &wire.Reply{}
+	case wire.OpLookup:
+		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Shared, locks.Shared, func() *wire.Reply {
+			return attrReply(st.Lookup(r.Parent, r.Name))
+		})
+	case wire.OpGetAttr:
+		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply { return attrReply(st.GetAttr(r.Ino)) })
+	case wire.OpSetAttr:
+		in := SetAttrIn{Valid: r.Valid, Mode: r.Mode, Uid: r.Uid, Gid: r.Gid, Size: r.Size,
+			Atime: r.Atime, Mtime: r.Mtime, Ctime: r.Ctime}
+		return s.underLocks(ctx, sess, exclusive(r.Ino), func() *wire.Reply { return attrReply(st.SetAttr(r.Ino, in, now)) })
+	case wire.OpCreate, wire.OpMkdir, wire.OpSymlink:
+		rep := s.underLocks(ctx, sess, exclusive(r.Parent), func() *wire.Reply {
+			switch r.Op {
+			case wire.OpCreate:
+				return attrReply(st.Create(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, r.Rdev, now))
+			case wire.OpMkdir:
+				return attrReply(st.Mkdir(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, now))
+			}
+			return attrReply(st.Symlink(r.Parent, r.Name, r.Target, r.Uid, r.Gid, now))
+		})
+		if rep.Attr != nil {
+			// The creator may cache the new inode at once: nobody else
+			// can know it yet, so this never waits.
+			if h, err := s.lm.acquire(ctx, sess.client, rep.Attr.Ino, locks.Exclusive); err == nil {
+				s.lm.done(h)
+				rep.Grants = append(rep.Grants, wire.Grant{Ino: h.grant.Ino, Mode: wire.LockExclusive, Seq: h.grant.Seq})
+			}
+		}
+		return rep
+	case wire.OpReadlink:
+		t, err := st.Readlink(r.Ino)
+		if err != nil {
+			return wire.ErrorReply(err)
+		}
+		return &wire.Reply{Data: []byte(t)}
+	case wire.OpLink:
+		return s.underLocks(ctx, sess, exclusive(r.Ino, r.NewPar), func() *wire.Reply {
+			return attrReply(st.Link(r.Ino, r.NewPar, r.Name, now))
+		})
+	case wire.OpUnlink:
+		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, func() *wire.Reply {
+			a, err := st.Unlink(r.Parent, r.Name, now)
+			if err == nil {
+				s.removed(&a)
+			}
+			return errReply(err)
+		})
+	case wire.OpRmdir:
+		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, func() *wire.Reply {
+			return errReply(st.Rmdir(r.Parent, r.Name, now))
+		})
+	case wire.OpRename:
+		for attempt := 0; ; attempt++ {
+			moved, target := s.child(r.Parent, r.Name), s.child(r.NewPar, r.NewName)
+			var changed bool
+			rep := s.underLocks(ctx, sess, exclusive(r.Parent, r.NewPar, moved, target), func() *wire.Reply {
+				if attempt < 5 && (s.child(r.Parent, r.Name) != moved || s.child(r.NewPar, r.NewName) != target) {
+					changed = true
+					return &wire.Reply{}
+				}
+				replaced, err := st.Rename(r.Parent, r.Name, r.NewPar, r.NewName, r.Flags, now)
+				if err == nil {
+					s.removed(replaced)
+				}
+				return errReply(err)
+			})
+			if !changed {
+				return rep
+			}
+		}
+	case wire.OpReadDir:
+		max := int(r.Size)
+		if max <= 0 || max > wire.MaxEntries {
+			max = wire.MaxEntries
+		}
+		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply {
+			ents, err := st.ReadDir(r.Ino, r.Off, max)
+			if err != nil {
+				return wire.ErrorReply(err)
+			}
+			out := make([]wire.DirEntry, len(ents))
+			for i, e := range ents {
+				out[i] = wire.DirEntry{Name: e.Name, Ino: e.Ino, Mode: e.Mode, Off: e.Off}
+			}
+			return &wire.Reply{Entries: out}
+		})
+	case wire.OpOpen:
+		want := shared(r.Ino)
+		if r.Flags&syscall.O_TRUNC != 0 {
+			want = exclusive(r.Ino)
+		}
+		return s.underLocks(ctx, sess, want, func() *wire.Reply {
+			// Count the handle before reading the inode: once counted,
+			// an unlink elsewhere can no longer purge it.
+			s.openHandle(sess, r.Ino)
+			a, err := st.GetAttr(r.Ino)
+			if err != nil {
+				s.releaseHandle(sess, r.Ino)
+				return wire.ErrorReply(err)
+			}
+			if r.Flags&syscall.O_TRUNC != 0 && a.Mode&syscall.S_IFMT == syscall.S_IFREG && a.Size > 0 {
+				if a, err = st.SetAttr(r.Ino, SetAttrIn{Valid: wire.SetSize}, now); err != nil {
+					s.releaseHandle(sess, r.Ino)
+					return wire.ErrorReply(err)
+				}
+			}
+			return &wire.Reply{Attr: toWire(a)}
+		})
+	case wire.OpRelease:
+		s.releaseHandle(sess, r.Ino)
+		return &wire.Reply{}
+	case wire.OpRead:
+		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply {
+			data, err := st.Read(r.Ino, r.Off, int(min(r.Size, wire.MaxData)))
+			if err != nil {
+				return wire.ErrorReply(err)
+			}
+			if data == nil {
+				data = []byte{}
+			}
+			return &wire.Reply{Data: data}
+		})
+	case wire.OpWrite:
+		return s.underLocks(ctx, sess, exclusive(r.Ino), func() *wire.Reply {
+			if r.Flags&syscall.O_APPEND != 0 {
+				s.appendMu.Lock()
+				defer s.appendMu.Unlock()
+				a, err := st.GetAttr(r.Ino)
+				if err != nil {
+					return wire.ErrorReply(err)
+				}
+				r.Off = a.Size
+			}
+			return attrReply(st.Write(r.Ino, r.Off, r.Data, now))
+		})
+	case wire.OpFsync:
+		return errReply(st.Sync())
+	case wire.OpStatFs:
+		fs, err := st.StatFs()
+		if err != nil {
+			return wire.ErrorReply(err)
+		}
+		return &wire.Reply{StatFs: &wire.StatFs{Blocks: fs.Blocks, Bfree: fs.Bfree, Bavail: fs.Bavail,
+			Files: fs.Files, Ffree: fs.Ffree, Bsize: fs.Bsize, NameLen: fs.NameLen}}
+	case wire.OpGetXattr:
+		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply {
+			v, err := st.GetXattr(r.Ino, r.Name)
+			if err != nil {
+				return wire.ErrorReply(err)
+			}
+			if v == nil {
+				v = []byte{}
+			}
+			return &wire.Reply{Data: v}
+		})
+	case wire.OpSetXattr:
+		return s.underLocks(ctx, sess, exclusive(r.Ino), func() *wire.Reply {
+			return errReply(st.SetXattr(r.Ino, r.Name, r.Data, r.Flags))
+		})
+	case wire.OpListXattr:
+		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply {
+			names, err := st.ListXattr(r.Ino)
+			if err != nil {
+				return wire.ErrorReply(err)
+			}
+			if names == nil {
+				names = []string{}
+			}
+			return &wire.Reply{Names: names}
+		})
+	case wire.OpRemoveXattr:
+		return s.underLocks(ctx, sess, exclusive(r.Ino), func() *wire.Reply {
+			return errReply(st.RemoveXattr(r.Ino, r.Name))
+		})
+	case wire.OpLockRelease:
+		s.lm.release(sess.client, r.Ino, locks.Mode(r.LockMode), r.Version)
+		return &wire.Reply{}
+	case wire.OpPosixLock:
+		if r.Flags&wire.PosixReleaseOwner != 0 {
+			s.lm.releaseOwner(sess.client, r.Lk.Owner, r.Ino)
+			return &wire.Reply{}
+		}
+		lk, err := s.lm.posixLock(ctx, sess.client, r.Ino, r.Lk)
+		if err != nil {
+			return wire.ErrorReply(err)
+		}
+		return &wire.Reply{Lk: lk}
+	}
+	return wire.ErrorReply(wire.Errf(wire.CodeNotSupported, "operation %v", r.Op))
+}

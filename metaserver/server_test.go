@@ -1,0 +1,137 @@
+package metaserver
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasefs/leasefs/client"
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/transport"
+	"github.com/leasefs/leasefs/wire"
+)
+
+func startTestServer(t *testing.T) *Server {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Dir = t.TempDir()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	s, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func connect(t *testing.T, s *Server) *client.Client {
+	t.Helper()
+	tok, err := transport.ParseToken(s.Token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := client.DefaultConfig()
+	cfg.Server = s.Addr().String()
+	cfg.Token = tok
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	c, err := client.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestBadNames: names the kernel would never send still get clear errors
+// and change nothing.
+func TestBadNames(t *testing.T) {
+	s := startTestServer(t)
+	c := connect(t, s)
+	ctx := context.Background()
+	for name, want := range map[string]wire.Code{
+		"a/b": wire.CodeInvalid, "a\x00b": wire.CodeInvalid, "": wire.CodeInvalid,
+		".": wire.CodeInvalid, "..": wire.CodeInvalid, strings.Repeat("x", 256): wire.CodeNameTooLong,
+	} {
+		if _, err := c.Create(ctx, ids.RootIno, name, 0o100644, 0, 0, 0); wire.CodeOf(err) != want {
+			t.Errorf("create %q: %v, want %v", name, err, want)
+		}
+		if _, err := c.Mkdir(ctx, ids.RootIno, name, 0o40755, 0, 0); wire.CodeOf(err) != want {
+			t.Errorf("mkdir %q: %v, want %v", name, err, want)
+		}
+	}
+	ents, err := c.ReadDir(ctx, ids.RootIno, 0, 100)
+	if err != nil || len(ents) != 0 {
+		t.Fatalf("root after bad names: %v %v", ents, err)
+	}
+}
+
+// TestMalformedAndUnknownSession sends raw bodies through the transport.
+func TestMalformedAndUnknownSession(t *testing.T) {
+	s := startTestServer(t)
+	tok, _ := transport.ParseToken(s.Token())
+	tc := transport.NewClient(s.Addr().String(), transport.ClientConfig{Token: tok, ClientID: 42})
+	defer tc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	call := func(h transport.Header, body []byte) *wire.Reply {
+		raw, err := tc.Call(ctx, h, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := wire.ParseReply(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	if rep := call(transport.Header{Client: 42, Seq: 1}, []byte{1, 2, 3}); rep.Code != wire.CodeBadMessage {
+		t.Fatalf("garbage: %v", rep.Code)
+	}
+	getattr := (&wire.Request{Op: wire.OpGetAttr, Ino: ids.RootIno}).Append(nil)
+	if rep := call(transport.Header{Client: 42, Session: 12345, Seq: 2}, getattr); rep.Code != wire.CodeNack {
+		t.Fatalf("unknown session: %v, want NACK", rep.Code)
+	}
+	// The server still serves a proper client.
+	c := connect(t, s)
+	if _, err := c.GetAttr(ctx, ids.RootIno); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRetryExecutesOnce: the same request number sent twice runs once, so
+// a retried mkdir after a lost reply does not fail with EEXIST.
+func TestRetryExecutesOnce(t *testing.T) {
+	s := startTestServer(t)
+	c := connect(t, s)
+	ctx := context.Background()
+	_ = c
+	tok, _ := transport.ParseToken(s.Token())
+	tc := transport.NewClient(s.Addr().String(), transport.ClientConfig{Token: tok, ClientID: 7})
+	defer tc.Close()
+	raw, err := tc.Call(ctx, transport.Header{Client: 7}, (&wire.Request{Op: wire.OpOpenSession}).Append(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, _ := wire.ParseReply(raw)
+	h := transport.Header{Client: 7, Session: rep.Session.ID, Seq: 1}
+	mkdir := (&wire.Request{Op: wire.OpMkdir, Parent: ids.RootIno, Name: "d", Mode: 0o40755}).Append(nil)
+	for i := 0; i < 2; i++ {
+		raw, err := tc.Call(ctx, h, mkdir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep, _ := wire.ParseReply(raw); rep.Code != wire.CodeOK {
+			t.Fatalf("attempt %d: %v", i, rep.Code)
+		}
+	}
+	// A new request number does execute again, and fails as it should.
+	h.Seq = 2
+	raw, _ = tc.Call(ctx, h, mkdir)
+	if rep, _ := wire.ParseReply(raw); !errors.Is(rep.Err(), wire.Err(wire.CodeExists)) {
+		t.Fatalf("second mkdir: %v", rep.Code)
+	}
+}
