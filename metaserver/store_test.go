@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/wire"
@@ -1022,4 +1023,61 @@ func TestStoreStatFs(t *testing.T) {
 	if st2 := must[StatFs](t)(s.StatFs()); st2.Ffree >= st.Ffree {
 		t.Fatalf("ffree %d after a create, was %d", st2.Ffree, st.Ffree)
 	}
+}
+
+// TestStoreSurvivesKill writes without Sync in a child process, kills it with
+// SIGKILL and reopens: SyncWrites is off, but what the kernel has survives.
+func TestStoreSurvivesKill(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestStoreKillHelper$")
+	cmd.Env = append(os.Environ(), "LEASEFS_STORE_KILL_DIR="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var ino uint64
+	if _, err := fmt.Fscan(out, &ino); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("helper: %v", err)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+
+	s := openTestStore(t, dir, StoreOptions{})
+	defer s.Close()
+	a := must[Attr](t)(s.Lookup(ids.RootIno, "killed"))
+	if uint64(a.Ino) != ino || a.Size != 3*ChunkSize+1 {
+		t.Fatalf("after kill: %+v (ino %d)", a, ino)
+	}
+	got := must[[]byte](t)(s.Read(a.Ino, 0, int(a.Size)))
+	if !bytes.Equal(got, killData()) {
+		t.Fatal("data lost or changed by the kill")
+	}
+}
+
+func killData() []byte {
+	b := make([]byte, 3*ChunkSize+1)
+	for i := range b {
+		b[i] = byte(i * 31)
+	}
+	return b
+}
+
+// TestStoreKillHelper runs in the child process of TestStoreSurvivesKill.
+func TestStoreKillHelper(t *testing.T) {
+	dir := os.Getenv("LEASEFS_STORE_KILL_DIR")
+	if dir == "" {
+		t.Skip("helper process only")
+	}
+	s := openTestStore(t, dir, StoreOptions{})
+	a := must[Attr](t)(s.Create(ids.RootIno, "killed", reg|0o644, 0, 0, 0, 1))
+	data := killData()
+	must[Attr](t)(s.Write(a.Ino, 0, data[:100], 2))
+	must[Attr](t)(s.Write(a.Ino, 100, data[100:], 2))
+	fmt.Println(uint64(a.Ino))
+	time.Sleep(time.Minute) // until SIGKILL; bounded in case the parent is gone
 }
