@@ -5,6 +5,7 @@ package fs
 
 import (
 	"context"
+	"encoding/json"
 	"syscall"
 	"time"
 
@@ -15,6 +16,10 @@ import (
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/wire"
 )
+
+// StatusXattr is the extended attribute, readable on any file of a mount,
+// that reports the mount's client state without asking the server.
+const StatusXattr = "user.leasefs.status"
 
 // Node is one leasefs inode as the kernel sees it.
 type Node struct {
@@ -136,11 +141,21 @@ func (n *Node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	uid, gid := caller(ctx)
 	a, err := n.c.Create(ctx, n.ino(), name, mode|syscall.S_IFREG, uid, gid, 0)
+	openFlags := flags &^ uint32(syscall.O_TRUNC) // a new file is empty already
+	if wire.CodeOf(err) == wire.CodeExists && flags&syscall.O_EXCL == 0 {
+		openFlags = flags
+		// Another client created it since the kernel's lookup: O_CREAT
+		// without O_EXCL opens the existing file, as a local disk would.
+		a, err = n.c.Lookup(ctx, n.ino(), name)
+		if err == nil && a.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+			return nil, nil, 0, syscall.EISDIR
+		}
+	}
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
 	in := n.child(ctx, a, out)
-	fh, fuseFlags, errno := in.Operations().(*Node).Open(ctx, flags&^uint32(syscall.O_TRUNC))
+	fh, fuseFlags, errno := in.Operations().(*Node).Open(ctx, openFlags)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}
@@ -227,7 +242,15 @@ func (n *Node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 // Getxattr reads an extended attribute; a too-small dest gets ERANGE and
 // the size, as getxattr(2) wants.
 func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	v, err := n.c.GetXattr(ctx, n.ino(), attr)
+	var v []byte
+	var err error
+	if attr == StatusXattr {
+		// Answered by this mount, not the server: its session, lease
+		// and cache, as JSON (getfattr -n leasefs.status MOUNTPOINT).
+		v, err = json.Marshal(n.c.Stats())
+	} else {
+		v, err = n.c.GetXattr(ctx, n.ino(), attr)
+	}
 	if err != nil {
 		return 0, toErrno(err)
 	}

@@ -1,0 +1,263 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// two mounts of one server, as two client machines would have.
+func twoMounts(t *testing.T) (a, b *mount) {
+	s := startServer(t)
+	return startMount(t, s), startMount(t, s)
+}
+
+// TestCoherentData: a read on B returns every byte of each write that
+// returned on A, without fsync or close on A; stat agrees on size and mtime.
+func TestCoherentData(t *testing.T) {
+	a, b := twoMounts(t)
+	fa, err := os.Create(filepath.Join(a.dir, "f"))
+	must(t, err)
+	defer fa.Close()
+	// B reads first so that it holds a lock and caches the file.
+	if data, err := os.ReadFile(filepath.Join(b.dir, "f")); err != nil || len(data) != 0 {
+		t.Fatalf("empty file on B: %q %v", data, err)
+	}
+	var want []byte
+	for i := 0; i < 50; i++ {
+		line := []byte(fmt.Sprintf("line %d\n", i))
+		_, err := fa.Write(line)
+		must(t, err)
+		want = append(want, line...)
+		got, err := os.ReadFile(filepath.Join(b.dir, "f"))
+		must(t, err)
+		if !bytes.Equal(got, want) {
+			t.Fatalf("after write %d B reads %q, want %q", i, got, want)
+		}
+		sa, err := fa.Stat()
+		must(t, err)
+		sb, err := os.Stat(filepath.Join(b.dir, "f"))
+		must(t, err)
+		if sb.Size() != int64(len(want)) || !sb.ModTime().Equal(sa.ModTime()) {
+			t.Fatalf("after write %d: B stat size %d mtime %v; A size %d mtime %v",
+				i, sb.Size(), sb.ModTime(), sa.Size(), sa.ModTime())
+		}
+	}
+	// A file B keeps open sees A's later writes too (its page cache is
+	// dropped when A's write revokes B's lock).
+	fb, err := os.Open(filepath.Join(b.dir, "f"))
+	must(t, err)
+	defer fb.Close()
+	buf := make([]byte, 4096)
+	n, _ := fb.ReadAt(buf, 0)
+	if n != len(want) {
+		t.Fatalf("B's open file reads %d bytes, want %d", n, len(want))
+	}
+	_, err = fa.WriteAt([]byte("CHANGED"), 0)
+	must(t, err)
+	n, _ = fb.ReadAt(buf, 0)
+	if !bytes.HasPrefix(buf[:n], []byte("CHANGED")) {
+		t.Fatalf("B's open file still reads %q after A overwrote it", buf[:7])
+	}
+}
+
+// TestCoherentNamespace: creates, renames and removes on A are seen at
+// once by lookup, stat and ls on B.
+func TestCoherentNamespace(t *testing.T) {
+	a, b := twoMounts(t)
+	ls := func() []string {
+		ents, err := os.ReadDir(b.dir)
+		must(t, err)
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		sort.Strings(names)
+		return names
+	}
+	if _, err := os.Stat(filepath.Join(b.dir, "x")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err) // B caches the negative entry now
+	}
+	must(t, os.WriteFile(filepath.Join(a.dir, "x"), []byte("1"), 0o644))
+	if _, err := os.Stat(filepath.Join(b.dir, "x")); err != nil {
+		t.Fatalf("B does not see A's new file: %v", err)
+	}
+	if got := ls(); strings.Join(got, ",") != "x" {
+		t.Fatalf("ls on B: %v", got)
+	}
+	must(t, os.Rename(filepath.Join(a.dir, "x"), filepath.Join(a.dir, "y")))
+	if _, err := os.Stat(filepath.Join(b.dir, "x")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("B still sees the old name: %v", err)
+	}
+	if got := ls(); strings.Join(got, ",") != "y" {
+		t.Fatalf("ls on B after rename: %v", got)
+	}
+	must(t, os.Mkdir(filepath.Join(a.dir, "d"), 0o755))
+	must(t, os.Rename(filepath.Join(a.dir, "y"), filepath.Join(a.dir, "d", "z")))
+	if data, err := os.ReadFile(filepath.Join(b.dir, "d", "z")); err != nil || string(data) != "1" {
+		t.Fatalf("B reads moved file: %q %v", data, err)
+	}
+	must(t, os.Remove(filepath.Join(a.dir, "d", "z")))
+	if _, err := os.Stat(filepath.Join(b.dir, "d", "z")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("B still sees the removed file: %v", err)
+	}
+	must(t, os.Chmod(filepath.Join(a.dir, "d"), 0o700))
+	if st, err := os.Stat(filepath.Join(b.dir, "d")); err != nil || st.Mode().Perm() != 0o700 {
+		t.Fatalf("B sees mode %v, %v", st.Mode(), err)
+	}
+}
+
+// TestConcurrentAppend: two clients appending at once lose no record and
+// never interleave within one write.
+func TestConcurrentAppend(t *testing.T) {
+	a, b := twoMounts(t)
+	const records = 200
+	var wg sync.WaitGroup
+	for i, m := range []*mount{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f, err := os.OpenFile(filepath.Join(m.dir, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer f.Close()
+			for r := 0; r < records; r++ {
+				rec := fmt.Sprintf("client %d record %03d %s\n", i, r, strings.Repeat("x", 100))
+				if _, err := f.WriteString(rec); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	data, err := os.ReadFile(filepath.Join(a.dir, "log"))
+	must(t, err)
+	lines := strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+	if len(lines) != 2*records {
+		t.Fatalf("%d records, want %d", len(lines), 2*records)
+	}
+	seen := map[string]bool{}
+	for _, l := range lines {
+		var c, r int
+		var pad string
+		if n, _ := fmt.Sscanf(l, "client %d record %d %s", &c, &r, &pad); n != 3 || len(pad) != 100 {
+			t.Fatalf("interleaved or torn record %q", l)
+		}
+		seen[l] = true
+	}
+	if len(seen) != 2*records {
+		t.Fatalf("%d distinct records, want %d", len(seen), 2*records)
+	}
+}
+
+// TestFlockAcrossClients: flock -x on A blocks flock -x on B until A
+// releases.
+func TestFlockAcrossClients(t *testing.T) {
+	if _, err := exec.LookPath("flock"); err != nil {
+		t.Skip("no flock(1)")
+	}
+	a, b := twoMounts(t)
+	must(t, os.WriteFile(filepath.Join(a.dir, "lock"), nil, 0o644))
+	holder := exec.Command("flock", "-x", filepath.Join(a.dir, "lock"), "sleep", "1.5")
+	must(t, holder.Start())
+	time.Sleep(300 * time.Millisecond) // let A take the lock
+	if out, err := exec.Command("flock", "-xn", filepath.Join(b.dir, "lock"), "true").CombinedOutput(); err == nil {
+		t.Fatalf("B took the lock A holds: %s", out)
+	}
+	start := time.Now()
+	out, err := exec.Command("flock", "-x", filepath.Join(b.dir, "lock"), "true").CombinedOutput()
+	if err != nil {
+		t.Fatalf("B's blocking flock: %v %s", err, out)
+	}
+	waited := time.Since(start)
+	must(t, holder.Wait())
+	if waited < 800*time.Millisecond {
+		t.Fatalf("B got the lock after %v, while A held it for 1.5s", waited)
+	}
+	// fcntl byte-range locks conflict across clients too.
+	fa, err := os.OpenFile(filepath.Join(a.dir, "lock"), os.O_RDWR, 0)
+	must(t, err)
+	defer fa.Close()
+	fb, err := os.OpenFile(filepath.Join(b.dir, "lock"), os.O_RDWR, 0)
+	must(t, err)
+	defer fb.Close()
+	lk := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: 0, Start: 10, Len: 10}
+	must(t, syscall.FcntlFlock(fa.Fd(), syscall.F_SETLK, &lk))
+	lkb := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: 0, Start: 15, Len: 1}
+	if err := syscall.FcntlFlock(fb.Fd(), syscall.F_SETLK, &lkb); !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("overlapping fcntl lock on B: %v, want EAGAIN", err)
+	}
+	lkb.Start = 20 // no overlap
+	must(t, syscall.FcntlFlock(fb.Fd(), syscall.F_SETLK, &lkb))
+	fa.Close() // closing releases A's locks (the kernel's RELEASE is asynchronous)
+	lkb.Start = 15
+	waitFor(t, 3*time.Second, "A's close to release its lock", func() bool {
+		return syscall.FcntlFlock(fb.Fd(), syscall.F_SETLK, &lkb) == nil
+	})
+}
+
+type clientStatus struct {
+	Requests int64
+	Hits     int64
+}
+
+func mountStatus(t *testing.T, dir string) clientStatus {
+	t.Helper()
+	buf := make([]byte, 1<<16)
+	n, err := syscall.Getxattr(dir, "user.leasefs.status", buf)
+	must(t, err)
+	var st clientStatus
+	must(t, json.Unmarshal(buf[:n], &st))
+	return st
+}
+
+// TestCachedOpsNoRoundTrip: a client working alone on its files serves
+// cached reads, stats and lookups without asking the server.
+func TestCachedOpsNoRoundTrip(t *testing.T) {
+	s := startServer(t)
+	m := startMount(t, s)
+	must(t, os.MkdirAll(filepath.Join(m.dir, "a/b"), 0o755))
+	path := filepath.Join(m.dir, "a/b/f")
+	must(t, os.WriteFile(path, bytes.Repeat([]byte("z"), 100_000), 0o644))
+	f, err := os.Open(path)
+	must(t, err)
+	defer f.Close()
+	buf := make([]byte, 100_000)
+	_, err = f.ReadAt(buf, 0) // warm: locks and caches
+	must(t, err)
+	_, err = os.Stat(path)
+	must(t, err)
+	before := mountStatus(t, m.dir)
+	for i := 0; i < 200; i++ {
+		if _, err := os.Stat(path); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(filepath.Join(m.dir, "a/b/nonexistent")); !errors.Is(err, os.ErrNotExist) && i > 0 {
+			t.Fatal(err)
+		}
+		if _, err := f.ReadAt(buf, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := mountStatus(t, m.dir)
+	// The first negative lookup may ask the server; nothing else may.
+	if extra := after.Requests - before.Requests; extra > 2 {
+		t.Fatalf("%d server requests for 200 cached stats, lookups and reads", extra)
+	}
+	if after.Hits <= before.Hits {
+		t.Fatalf("no cache hits recorded: %+v -> %+v", before, after)
+	}
+}
