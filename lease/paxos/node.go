@@ -3,6 +3,7 @@ package paxos
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/leasefs/leasefs/internal/clock"
@@ -338,7 +339,9 @@ func (n *Node) handle(now clock.Time, from ids.ServerID, e Entry) {
 		// it may have promised or accepted before the crash
 		return
 	}
-	n.see(e.Ballot)
+	if !n.cfg.Unsafe.ReuseBallots {
+		n.see(e.Ballot)
+	}
 	switch e.Kind {
 	case KindPrepare:
 		n.onPrepare(now, from, e)
@@ -581,11 +584,31 @@ func (n *Node) start(now clock.Time, ino ids.Ino, p *proposal) {
 	// then accept a rival, so only a deadline anchored at send is covered
 	// by the acceptors' timers.
 	p.sentAt, p.deadline = now, now.Add(n.lease)
+	if n.cfg.Unsafe.DeadlineFromQuorum {
+		// the 2012 rule: the timer starts at the prepare quorum, so until
+		// then the attempt only has a generous give-up time
+		p.deadline = now.Add(4 * n.cfg.LeaseTime)
+	}
 	if n.cfg.Unsafe.ExtendWithoutQuorum && p.renewal {
 		p.heldUntil = p.deadline
 	}
 	n.wake(p.deadline)
 	n.broadcast(Entry{Kind: KindPrepare, Ino: ino, Ballot: p.ballot})
+}
+
+// needsAction reports whether Tick at now has anything to do for p.
+func (n *Node) needsAction(now clock.Time, p *proposal, round bool) bool {
+	switch {
+	case !p.heldUntil.IsZero() && !now.Before(p.heldUntil):
+		return true
+	case p.phase != idle:
+		return !now.Before(p.deadline)
+	case !p.wanted || n.quarantined(now):
+		return false
+	case !p.heldUntil.IsZero():
+		return round && n.renewDue(now, p) || !p.retryAt.IsZero() && !now.Before(p.retryAt)
+	}
+	return !now.Before(p.retryAt)
 }
 
 // renewDue: a held lease is renewed in the first round at which at most half
@@ -616,8 +639,17 @@ func (n *Node) Tick(now clock.Time) {
 		n.nextRound = now.Add(n.lease / 4)
 	}
 	n.nextAction = 0
-	held := false
+	// Act on instances in ino order, not map order, so that a run replays
+	// exactly (ballots and message order depend on it).
+	var due []ids.Ino
 	for ino, p := range n.props {
+		if n.needsAction(now, p, round) {
+			due = append(due, ino)
+		}
+	}
+	slices.Sort(due)
+	for _, ino := range due {
+		p := n.props[ino]
 		n.expire(now, ino, p)
 		if p.phase != idle && !now.Before(p.deadline) {
 			n.fail(now, p)
@@ -626,14 +658,15 @@ func (n *Node) Tick(now clock.Time) {
 			switch {
 			case !p.heldUntil.IsZero():
 				if round && n.renewDue(now, p) || !p.retryAt.IsZero() && !now.Before(p.retryAt) {
-					p.retryAt = 0
 					n.start(now, ino, p)
 				}
 			case !now.Before(p.retryAt):
-				p.retryAt = 0
 				n.start(now, ino, p)
 			}
 		}
+	}
+	held := false
+	for _, p := range n.props {
 		if p.phase != idle {
 			n.wake(p.deadline)
 		}
