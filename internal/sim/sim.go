@@ -54,7 +54,7 @@ const (
 	// liveBound: after faults stop, every contested resource must have an
 	// owner within this: the longest quarantine, stragglers still in
 	// flight (≤ 3T), acceptor timers running out (T) and a few rounds.
-	liveBound = 8 * leaseTime
+	liveBound  = 8 * leaseTime
 	probeEvery = leaseTime / 40
 )
 
@@ -63,9 +63,9 @@ type evKind uint8
 const (
 	evDeliver evKind = iota
 	evWake
-	evWant   // workload: a node starts or stops wanting a resource
-	evFault  // draw the next fault
-	evHeal   // end a partition
+	evWant  // workload: a node starts or stops wanting a resource
+	evFault // draw the next fault
+	evHeal  // end a partition
 	evRestart
 	evStallEnd
 	evRate
