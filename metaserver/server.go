@@ -152,6 +152,9 @@ func newSessionID() ids.SessionID {
 
 // handle is the transport's entry point: one request in, one reply out.
 func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
+	if h := s.observed(ctx); h != nil { // admin metrics (admin.go)
+		return h(ctx, tr)
+	}
 	s.counters.Requests.Add(1)
 	req, err := wire.ParseRequest(tr.Body)
 	if err != nil {
