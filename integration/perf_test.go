@@ -1,0 +1,593 @@
+package integration
+
+import (
+	"bytes"
+	bin "encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// The performance suite of issue 8 (and the benchmark of issue 2). Run it with
+//
+//	go test ./integration -run '^$' -bench Perf -benchmem -benchtime 1x
+//
+// (-benchtime 3x runs three interleaved passes and reports medians;
+// LEASEFS_PERF_FULL=1 uses the issue's full sizes). Each workload runs on a
+// leasefs mount (server data directory on tmpfs) and on go-fuse's loopback
+// over a tmpfs directory with FUSE passthrough off, in the same run; the
+// ratio is loopback time / leasefs time, so 1.0 is the FUSE limit.
+
+// perfSizes scales the workloads.
+type perfSizes struct {
+	seqMiB     []int    // sequential write+fsync / cold read / re-read, one row set per size
+	randMiB    int      // file size for the random 4 KiB reads and writes
+	randOps    int      // number of random 4 KiB reads, and of writes
+	files      int      // create / stat / unlink / open-append-close count
+	tarSubdirs []string // parts of GOROOT/src to untar; nil: all of it
+}
+
+var (
+	perfTiny = perfSizes{seqMiB: []int{4}, randMiB: 4, randOps: 200, files: 100, tarSubdirs: []string{"encoding/json"}}
+	// perfDefault keeps the whole suite under about three minutes here.
+	perfDefault = perfSizes{seqMiB: []int{64}, randMiB: 64, randOps: 2000, files: 1000,
+		tarSubdirs: []string{"encoding", "archive", "go"}}
+	// perfFull is issue 8's table plus issue 2's 256 MiB rows.
+	perfFull = perfSizes{seqMiB: []int{512, 256}, randMiB: 256, randOps: 20000, files: 10000}
+)
+
+const chunkSize = 1 << 20
+
+// perfEnv is what the workloads share: the sizes, a tarball of Go source,
+// its entry count and the random source for offsets.
+type perfEnv struct {
+	sz      perfSizes
+	tarball string
+	tarSrc  string   // directory the tarball was made from (for diff in verify mode)
+	entries []string // the tarball's listing
+	verify  bool     // also diff the untarred tree (smoke test)
+	base    []byte   // one MiB of random bytes; chunk i is base with i in its first 8 bytes
+}
+
+func newPerfEnv(t testing.TB, sz perfSizes, scratch string, verify bool) *perfEnv {
+	t.Helper()
+	e := &perfEnv{sz: sz, verify: verify, base: make([]byte, chunkSize)}
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range e.base {
+		e.base[i] = byte(r.Uint32())
+	}
+	src := filepath.Join(goroot(t), "src")
+	parts := sz.tarSubdirs
+	if parts == nil {
+		parts = []string{"."}
+	}
+	e.tarSrc = src
+	e.tarball = filepath.Join(scratch, "src.tar")
+	run(t, src, "tar", append([]string{"cf", e.tarball}, parts...)...)
+	e.entries = strings.Split(strings.TrimSpace(run(t, "", "tar", "tf", e.tarball)), "\n")
+	return e
+}
+
+func (e *perfEnv) chunk(i int) []byte {
+	c := slices.Clone(e.base)
+	bin.LittleEndian.PutUint64(c, uint64(i))
+	return c
+}
+
+// perfStep is one timed workload. prep runs untimed before it, check untimed
+// after it; steps of one side run in order in the same directory, so a step
+// may use what an earlier one left.
+type perfStep struct {
+	name  string
+	prep  func(e *perfEnv, dir string) error
+	run   func(e *perfEnv, dir string) error
+	check func(e *perfEnv, dir string) error
+}
+
+func perfSteps(sz perfSizes) []perfStep {
+	var steps []perfStep
+	for _, mib := range sz.seqMiB {
+		name := "seq-" + strconv.Itoa(mib) + "MiB"
+		file := name
+		steps = append(steps,
+			perfStep{name: "seqwrite-fsync-" + strconv.Itoa(mib) + "MiB",
+				run:   func(e *perfEnv, dir string) error { return e.writeSeq(filepath.Join(dir, file), mib) },
+				check: func(e *perfEnv, dir string) error { return e.sizeIs(filepath.Join(dir, file), int64(mib)*chunkSize) }},
+			perfStep{name: "seqread-cold-" + strconv.Itoa(mib) + "MiB",
+				prep: func(*perfEnv, string) error { return dropCaches() },
+				run:  func(e *perfEnv, dir string) error { return e.readSeq(filepath.Join(dir, file), mib) }},
+			perfStep{name: "reread-" + strconv.Itoa(mib) + "MiB",
+				run: func(e *perfEnv, dir string) error { return e.readSeq(filepath.Join(dir, file), mib) }},
+		)
+	}
+	var written map[int64]uint64 // randwrite's offsets and stamps, checked afterwards
+	steps = append(steps,
+		perfStep{name: "randread-4k",
+			prep: func(e *perfEnv, dir string) error {
+				if err := e.writeSeq(filepath.Join(dir, "rand"), e.sz.randMiB); err != nil {
+					return err
+				}
+				return dropCaches()
+			},
+			run: func(e *perfEnv, dir string) error { return e.randRead(filepath.Join(dir, "rand")) }},
+		perfStep{name: "randwrite-4k-buffered",
+			run: func(e *perfEnv, dir string) (err error) {
+				written, err = e.randWrite(filepath.Join(dir, "rand"))
+				return err
+			},
+			check: func(e *perfEnv, dir string) error { return checkRandWrites(filepath.Join(dir, "rand"), written) }},
+		perfStep{name: "create",
+			prep: func(_ *perfEnv, dir string) error { return os.Mkdir(filepath.Join(dir, "files"), 0o755) },
+			run: func(e *perfEnv, dir string) error {
+				for i := range e.sz.files {
+					fd, err := syscall.Open(filepath.Join(dir, "files", "f"+strconv.Itoa(i)), syscall.O_CREAT|syscall.O_EXCL|syscall.O_WRONLY|syscall.O_CLOEXEC, 0o644)
+					if err != nil {
+						return fmt.Errorf("create %d: %w", i, err)
+					}
+					if err := syscall.Close(fd); err != nil {
+						return fmt.Errorf("close %d: %w", i, err)
+					}
+				}
+				return nil
+			},
+			check: func(e *perfEnv, dir string) error { return countEntries(filepath.Join(dir, "files"), e.sz.files) }},
+		perfStep{name: "stat",
+			// past the loopback's 1 s attribute timeout, so the kernel asks again
+			prep: func(*perfEnv, string) error { time.Sleep(1100 * time.Millisecond); return nil },
+			run: func(e *perfEnv, dir string) error {
+				var st syscall.Stat_t
+				for i := range e.sz.files {
+					if err := syscall.Lstat(filepath.Join(dir, "files", "f"+strconv.Itoa(i)), &st); err != nil {
+						return fmt.Errorf("stat %d: %w", i, err)
+					}
+					if st.Size != 0 || st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+						return fmt.Errorf("stat %d: size %d mode %o", i, st.Size, st.Mode)
+					}
+				}
+				return nil
+			}},
+		perfStep{name: "unlink",
+			run: func(e *perfEnv, dir string) error {
+				for i := range e.sz.files {
+					if err := syscall.Unlink(filepath.Join(dir, "files", "f"+strconv.Itoa(i))); err != nil {
+						return fmt.Errorf("unlink %d: %w", i, err)
+					}
+				}
+				return nil
+			},
+			check: func(_ *perfEnv, dir string) error { return countEntries(filepath.Join(dir, "files"), 0) }},
+		perfStep{name: "open-append-close",
+			run: func(e *perfEnv, dir string) error {
+				p := filepath.Join(dir, "log")
+				for i := range e.sz.files {
+					f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+					if err != nil {
+						return err
+					}
+					if _, err := fmt.Fprintf(f, "line %d\n", i); err != nil {
+						f.Close()
+						return err
+					}
+					if err := f.Close(); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+			check: func(e *perfEnv, dir string) error {
+				b, err := os.ReadFile(filepath.Join(dir, "log"))
+				if err != nil {
+					return err
+				}
+				var want bytes.Buffer
+				for i := range e.sz.files {
+					fmt.Fprintf(&want, "line %d\n", i)
+				}
+				if !bytes.Equal(b, want.Bytes()) {
+					return fmt.Errorf("log: %d bytes, want %d, or content differs", len(b), want.Len())
+				}
+				return nil
+			}},
+		perfStep{name: "untar",
+			prep: func(_ *perfEnv, dir string) error { return os.Mkdir(filepath.Join(dir, "untar"), 0o755) },
+			run: func(e *perfEnv, dir string) error {
+				_, err := runCmd(filepath.Join(dir, "untar"), "tar", "xf", e.tarball)
+				return err
+			},
+			check: func(e *perfEnv, dir string) error {
+				for _, name := range e.entries {
+					if _, err := os.Lstat(filepath.Join(dir, "untar", name)); err != nil {
+						return fmt.Errorf("untar: %w", err)
+					}
+				}
+				if e.verify {
+					for _, p := range e.sz.tarSubdirs {
+						if _, err := runCmd("", "diff", "-r", filepath.Join(e.tarSrc, p), filepath.Join(dir, "untar", p)); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			}},
+		perfStep{name: "rm-rf",
+			run: func(_ *perfEnv, dir string) error {
+				_, err := runCmd(dir, "rm", "-rf", "untar")
+				return err
+			},
+			check: func(_ *perfEnv, dir string) error {
+				if _, err := os.Lstat(filepath.Join(dir, "untar")); !errors.Is(err, os.ErrNotExist) {
+					return fmt.Errorf("untar still there after rm -rf: %v", err)
+				}
+				return nil
+			}},
+	)
+	return steps
+}
+
+func runCmd(dir, name string, args ...string) (string, error) {
+	out, err := runErr(dir, name, args...)
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
+	}
+	return out, nil
+}
+
+func (e *perfEnv) writeSeq(p string, mib int) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	for i := range mib {
+		if _, err := f.Write(e.chunk(i)); err != nil {
+			f.Close()
+			return fmt.Errorf("write %s chunk %d: %w", p, i, err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("fsync %s: %w", p, err)
+	}
+	return f.Close()
+}
+
+// readSeq reads p in 1 MiB reads and compares every chunk (memcmp is cheap
+// next to a FUSE round trip, and the same on both sides).
+func (e *perfEnv) readSeq(p string, mib int) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	buf := make([]byte, chunkSize)
+	for i := range mib {
+		if _, err := io.ReadFull(f, buf); err != nil {
+			return fmt.Errorf("read %s chunk %d: %w", p, i, err)
+		}
+		if bin.LittleEndian.Uint64(buf) != uint64(i) || !bytes.Equal(buf[8:], e.base[8:]) {
+			return fmt.Errorf("read %s: chunk %d differs", p, i)
+		}
+	}
+	if n, _ := f.Read(buf); n != 0 {
+		return fmt.Errorf("read %s: %d bytes past the end", p, n)
+	}
+	return nil
+}
+
+func (e *perfEnv) sizeIs(p string, want int64) error {
+	st, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if st.Size() != want {
+		return fmt.Errorf("%s: size %d, want %d", p, st.Size(), want)
+	}
+	return nil
+}
+
+// randRead does randOps 4 KiB preads at 4 KiB-aligned offsets of a file
+// written by writeSeq and checks each against the pattern.
+func (e *perfEnv) randRead(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	r := rand.New(rand.NewPCG(3, 4))
+	pages := int64(e.sz.randMiB) * chunkSize / 4096
+	buf := make([]byte, 4096)
+	for range e.sz.randOps {
+		off := r.Int64N(pages) * 4096
+		if _, err := f.ReadAt(buf, off); err != nil {
+			return fmt.Errorf("pread %s at %d: %w", p, off, err)
+		}
+		in := int(off % chunkSize)
+		got, want := buf, e.base[in:in+4096]
+		if in == 0 {
+			if bin.LittleEndian.Uint64(buf) != uint64(off/chunkSize) {
+				return fmt.Errorf("pread %s at %d: wrong chunk stamp", p, off)
+			}
+			got, want = got[8:], want[8:]
+		}
+		if !bytes.Equal(got, want) {
+			return fmt.Errorf("pread %s at %d: data differs", p, off)
+		}
+	}
+	return nil
+}
+
+// randWrite does randOps 4 KiB pwrites (no fsync) at random aligned offsets;
+// each page is filled with a stamp so the check can tell them apart. The
+// close is timed too: it is where a write-back cache pays.
+func (e *perfEnv) randWrite(p string) (map[int64]uint64, error) {
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	pages := int64(e.sz.randMiB) * chunkSize / 4096
+	written := make(map[int64]uint64, e.sz.randOps)
+	buf := make([]byte, 4096)
+	for i := range e.sz.randOps {
+		off := r.Int64N(pages) * 4096
+		stamp := uint64(i)<<32 | 0xfeed
+		for j := 0; j < len(buf); j += 8 {
+			bin.LittleEndian.PutUint64(buf[j:], stamp)
+		}
+		if _, err := f.WriteAt(buf, off); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("pwrite %s at %d: %w", p, off, err)
+		}
+		written[off] = stamp
+	}
+	return written, f.Close()
+}
+
+func checkRandWrites(p string, written map[int64]uint64) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	for off, stamp := range written {
+		if _, err := f.ReadAt(buf, off); err != nil {
+			return fmt.Errorf("read back %s at %d: %w", p, off, err)
+		}
+		for j := 0; j < len(buf); j += 8 {
+			if bin.LittleEndian.Uint64(buf[j:]) != stamp {
+				return fmt.Errorf("read back %s at %d+%d: %#x, want %#x", p, off, j, bin.LittleEndian.Uint64(buf[j:]), stamp)
+			}
+		}
+	}
+	return nil
+}
+
+func countEntries(dir string, want int) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	if len(ents) != want {
+		return fmt.Errorf("%s: %d entries, want %d", dir, len(ents), want)
+	}
+	return nil
+}
+
+// dropCaches empties the page, dentry and inode caches so that the next read
+// goes through FUSE to the file system.
+func dropCaches() error {
+	syscall.Sync()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
+		return fmt.Errorf("drop caches (needs root): %w", err)
+	}
+	return nil
+}
+
+// tmpfsDir returns a fresh directory on tmpfs (/dev/shm), removed at cleanup,
+// so that neither file system measures a disk.
+func tmpfsDir(t testing.TB, name string) string {
+	t.Helper()
+	var st syscall.Statfs_t
+	const tmpfsMagic = 0x01021994
+	if err := syscall.Statfs("/dev/shm", &st); err != nil || st.Type != tmpfsMagic {
+		t.Skip("/dev/shm is not a tmpfs")
+	}
+	d, err := os.MkdirTemp("/dev/shm", "leasefs-perf-"+name+"-")
+	must(t, err)
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// startPerfLeasefs starts a server whose data directory is on tmpfs and
+// mounts it; both log at info level (debug logging costs time).
+func startPerfLeasefs(t testing.TB) (*server, *mount) {
+	t.Helper()
+	requireFUSE(t)
+	s := &server{dir: tmpfsDir(t, "data"), addr: freeUDPAddr(t), extra: []string{"--log-level", "info"}}
+	s.tokenFile = filepath.Join(s.dir, "token")
+	s.start(t)
+	return s, startMount(t, s, "--log-level", "info")
+}
+
+// mountLoopback mounts go-fuse's loopback over a tmpfs directory in this
+// process, with passthrough off. In go-fuse v2.12 a LoopbackFile offers its
+// fd (FilePassthroughFder) and the bridge registers it as a backing file
+// whenever the kernel granted CAP_PASSTHROUGH at INIT; reads and writes then
+// bypass the FUSE server. Masking the capability makes the registration fail,
+// so every read and write goes through FUSE. Timeouts and sizes follow
+// go-fuse's example/loopback, with leasefs's 1 MiB max write.
+func mountLoopback(t testing.TB) string {
+	t.Helper()
+	requireFUSE(t)
+	root, err := gofs.NewLoopbackRoot(tmpfsDir(t, "loopback"))
+	must(t, err)
+	mnt := filepath.Join(t.TempDir(), "loopback")
+	must(t, os.Mkdir(mnt, 0o755))
+	sec := time.Second
+	opts := &gofs.Options{
+		AttrTimeout:  &sec,
+		EntryTimeout: &sec,
+		MountOptions: fuse.MountOptions{
+			FsName:               "loopback",
+			Name:                 "loopback",
+			MaxWrite:             1 << 20,
+			MaxReadAhead:         1 << 20,
+			DisabledCapabilities: fuse.CAP_PASSTHROUGH,
+		},
+	}
+	if os.Geteuid() == 0 {
+		opts.DirectMount = true
+		opts.AllowOther = true
+	}
+	srv, err := gofs.Mount(mnt, root, opts)
+	must(t, err)
+	t.Cleanup(func() {
+		if err := srv.Unmount(); err != nil {
+			_ = syscall.Unmount(mnt, syscall.MNT_DETACH)
+		}
+	})
+	return mnt
+}
+
+// runStep runs one step in dir and returns the time of its timed part.
+func runStep(e *perfEnv, st perfStep, dir string) (time.Duration, error) {
+	if st.prep != nil {
+		if err := st.prep(e, dir); err != nil {
+			return 0, fmt.Errorf("%s: prepare: %w", st.name, err)
+		}
+	}
+	start := time.Now()
+	if err := st.run(e, dir); err != nil {
+		return 0, fmt.Errorf("%s: %w", st.name, err)
+	}
+	d := time.Since(start)
+	if st.check != nil {
+		if err := st.check(e, dir); err != nil {
+			return 0, fmt.Errorf("%s: check: %w", st.name, err)
+		}
+	}
+	return d, nil
+}
+
+// vmRSS returns a process's resident and peak resident set in KiB.
+func vmRSS(pid int) (rss, hwm int) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return -1, -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+		switch k {
+		case "VmRSS":
+			rss = n
+		case "VmHWM":
+			hwm = n
+		}
+	}
+	return rss, hwm
+}
+
+func rssLine(when string, s *server, m *mount) string {
+	sr, sh := vmRSS(s.cmd.Process.Pid)
+	mr, mh := vmRSS(m.cmd.Process.Pid)
+	return fmt.Sprintf("RSS %-12s server %7d KiB (peak %7d)   mount %7d KiB (peak %7d)", when, sr, sh, mr, mh)
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// BenchmarkPerf runs every workload once per b.N on leasefs and then on the
+// loopback (so -benchtime 3x gives three interleaved passes) and reports the
+// medians and their ratio.
+func BenchmarkPerf(b *testing.B) {
+	sz := perfDefault
+	if os.Getenv("LEASEFS_PERF_FULL") == "1" {
+		sz = perfFull
+	}
+	s, m := startPerfLeasefs(b)
+	loop := mountLoopback(b)
+	e := newPerfEnv(b, sz, tmpfsDir(b, "scratch"), false)
+	atRest := rssLine("at rest", s, m)
+
+	type row struct {
+		name              string
+		leasefs, loopback time.Duration
+	}
+	var rows []row
+	pass := 0
+	for _, st := range perfSteps(sz) {
+		b.Run(st.name, func(b *testing.B) {
+			var lt, pt []time.Duration
+			for range b.N {
+				// Each pass works in fresh directories; steps share them
+				// through the name of the pass.
+				pass++
+				for _, side := range []struct {
+					root string
+					out  *[]time.Duration
+				}{{m.dir, &lt}, {loop, &pt}} {
+					dir := filepath.Join(side.root, "pass"+strconv.Itoa(pass))
+					if err := os.MkdirAll(dir, 0o755); err != nil {
+						b.Fatal(err)
+					}
+					d, err := runStep(e, st, dir)
+					if err != nil {
+						b.Fatalf("%s: %v", side.root, err)
+					}
+					*side.out = append(*side.out, d)
+				}
+			}
+			l, p := median(lt), median(pt)
+			b.ReportMetric(float64(l.Nanoseconds()), "ns/op")
+			b.ReportMetric(l.Seconds(), "leasefs-s")
+			b.ReportMetric(p.Seconds(), "loopback-s")
+			b.ReportMetric(p.Seconds()/l.Seconds(), "ratio")
+			rows = append(rows, row{st.name, l, p})
+		})
+	}
+	var out strings.Builder
+	fmt.Fprintf(&out, "\nleasefs vs go-fuse loopback (passthrough off), tmpfs, sizes %+v\n", sz)
+	fmt.Fprintf(&out, "%-26s %12s %12s %7s\n", "workload", "leasefs", "loopback", "ratio")
+	for _, r := range rows {
+		fmt.Fprintf(&out, "%-26s %12s %12s %7.2f\n", r.name, r.leasefs.Round(time.Microsecond),
+			r.loopback.Round(time.Microsecond), r.loopback.Seconds()/r.leasefs.Seconds())
+	}
+	fmt.Fprintf(&out, "%s\n%s\n", atRest, rssLine("after suite", s, m))
+	fmt.Print(out.String())
+}
+
+// TestPerfSmoke runs every workload of the suite at a tiny size against
+// leasefs only, with the data checks, so the suite cannot rot unnoticed.
+func TestPerfSmoke(t *testing.T) {
+	s, m := startPerfLeasefs(t)
+	e := newPerfEnv(t, perfTiny, tmpfsDir(t, "scratch"), true)
+	dir := filepath.Join(m.dir, "smoke")
+	must(t, os.Mkdir(dir, 0o755))
+	for _, st := range perfSteps(perfTiny) {
+		d, err := runStep(e, st, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%-26s %v", st.name, d)
+	}
+	t.Log(rssLine("after smoke", s, m))
+}
