@@ -14,10 +14,19 @@
 // Steal a client's locks only when lease.FailingSet reports it expired, and
 // after a restart must SetGrace for τ(1+δ) so that only reclaims are granted
 // while clients of the previous incarnation may still trust their locks.
-// Grants and revocations of one inode carry an increasing sequence number: a
-// client applies a revocation with Seq s to every grant with Seq < s it has
-// received or will receive, and passes the highest Seq it saw to Release, so
-// that messages reordered or duplicated by the network cannot resurrect a lock.
+// Grants and revocations of one inode carry an increasing sequence number
+// (one counter per table), so that messages reordered or duplicated by the
+// network cannot resurrect or drop the wrong lock. The client:
+//
+//   - applies a revocation with Seq s only if s is above the Seq of the grant
+//     it holds (a lower one was overtaken by a newer grant), and ignores a
+//     grant whose Seq is below a revocation it has already applied;
+//   - answers a revocation with Release(To, s) carrying the revocation's own
+//     s, whether or not it applied it (the table refuses it as stale if a newer
+//     grant exists), and releases voluntarily with the Seq of its grant.
+//
+// A restarted server numbers afresh: clients reset their numbers with the
+// new session.
 package locks
 
 import "errors"
