@@ -3,6 +3,7 @@
 //	leasefs serve --data DIR --listen HOST:PORT     run a server
 //	leasefs mount --server HOST:PORT --token-file F MOUNTPOINT
 //	leasefs up [--data DIR] MOUNTPOINT              one local server plus a mount
+//	leasefs admin --server ADMIN_HOST:PORT status|clients|locks|owners|counters|evict CLIENT
 package main
 
 import (
@@ -21,6 +22,7 @@ var commands = []command{
 	{"serve", "run a leasefs server", runServe},
 	{"mount", "mount leasefs from a server (foreground)", runMount},
 	{"up", "run one local server and mount it (the embedded default)", runUp},
+	{"admin", "show what a server or mount is doing; evict a client", runAdmin},
 }
 
 func usage() {

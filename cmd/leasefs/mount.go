@@ -86,6 +86,7 @@ func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, 
 		return err
 	}
 	defer c.Close()
+	defer serveMountStatus(c, cfg.Server, mountpoint, log)() // leasefs admin --mount (admin.go)
 	srv, err := lfs.Mount(mountpoint, c, opts)
 	if err != nil {
 		return err

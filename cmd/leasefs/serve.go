@@ -64,6 +64,7 @@ func runServe(argv []string) error {
 			fs.StringVar(&f.cfg.Dir, "data", "", "data directory: the badger store, the cluster identity and DIR/token (required)")
 			fs.StringVar(&f.cfg.Listen, "listen", f.cfg.Listen, "HOST:PORT to serve clients on (QUIC over UDP)")
 			fs.Uint8Var(&f.id, "id", f.id, "this server's id in the cluster, 1..255")
+			addAdminFlag(fs) // --admin HOST:PORT, default off (admin.go)
 		})
 	if err != nil {
 		return err
@@ -78,6 +79,10 @@ func runServe(argv []string) error {
 	defer stop()
 	srv, err := metaserver.Start(f.cfg)
 	if err != nil {
+		return err
+	}
+	if err := startAdmin(srv); err != nil {
+		srv.Close()
 		return err
 	}
 	<-ctx.Done()

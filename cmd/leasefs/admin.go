@@ -1,0 +1,395 @@
+package main
+
+// leasefs admin: reads a server's admin endpoint (serve --admin) or a
+// mount's status socket and prints tables.
+//
+// A mount serves its status as JSON over HTTP on a unix socket at
+// MountSocket(mountpoint): $TMPDIR/leasefs-<first 16 hex digits of the
+// SHA-256 of the absolute mountpoint>.sock, mode 0600, removed on exit.
+// The mountpoint is not resolved through symlinks, so that asking a hung
+// mount for its status never touches the mount itself.
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/leasefs/leasefs/client"
+	"github.com/leasefs/leasefs/metaserver"
+	"github.com/leasefs/leasefs/transport"
+)
+
+// adminListen is serve's --admin flag.
+var adminListen string
+
+func addAdminFlag(fs *pflag.FlagSet) {
+	fs.StringVar(&adminListen, "admin", "", "HOST:PORT for the admin endpoint (JSON API, /metrics, status page); "+
+		"empty: off. Non-loopback addresses require the cluster token as a Bearer token")
+}
+
+// startAdmin starts srv's admin endpoint if --admin was given. It lives as
+// long as the process.
+func startAdmin(srv *metaserver.Server) error {
+	if adminListen == "" {
+		return nil
+	}
+	_, err := srv.ServeAdmin(metaserver.AdminConfig{Listen: adminListen})
+	return err
+}
+
+// MountSocket is where the mount at mountpoint serves its status.
+func MountSocket(mountpoint string) string {
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		abs = mountpoint
+	}
+	sum := sha256.Sum256([]byte(filepath.Clean(abs)))
+	return filepath.Join(os.TempDir(), "leasefs-"+hex.EncodeToString(sum[:8])+".sock")
+}
+
+// mountStatus is what a mount reports.
+type mountStatus struct {
+	Mountpoint string       `json:"mountpoint"`
+	Server     string       `json:"server"`
+	Client     string       `json:"client"`
+	Session    string       `json:"session"`
+	Pid        int          `json:"pid"`
+	Stats      client.Stats `json:"stats"`
+}
+
+// serveMountStatus serves c's status on MountSocket(mountpoint) until the
+// returned stop is called. A failure only logs: the mount works without it.
+func serveMountStatus(c *client.Client, server, mountpoint string, log *slog.Logger) (stop func()) {
+	path := MountSocket(mountpoint)
+	_ = os.Remove(path) // a stale socket of a killed mount
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		log.Warn("admin: no status socket", "path", path, "err", err)
+		return func() {}
+	}
+	_ = os.Chmod(path, 0o600)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		st := c.Stats()
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(mountStatus{Mountpoint: mountpoint, Server: server, Client: c.ID().String(),
+			Session: st.Session.String(), Pid: os.Getpid(), Stats: st})
+	})
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	log.Debug("status socket", "path", path)
+	return func() {
+		_ = hs.Close()
+		_ = os.Remove(path)
+	}
+}
+
+func runAdmin(argv []string) error {
+	fs := newFlags("admin", "(--server HOST:PORT [--token-file F] | --mount MOUNTPOINT) [--json] COMMAND [ARG]",
+		"Show what a leasefs server or mount is doing, or act on it. --server is the server's\n"+
+			"--admin address (HTTP), not its client port.\n\n"+
+			"Server commands:\n"+
+			"  status          server id, uptime, lease parameters, peers, store size\n"+
+			"  clients         sessions: client, host, address, lease state, last request, locks\n"+
+			"  locks           data locks (S/X), flock and fcntl locks, queued requests\n"+
+			"  owners          inode ownership (single server: all its own, epoch 0)\n"+
+			"  counters        request, NACK, lock and failure counters\n"+
+			"  evict CLIENT    fail CLIENT now: it gets NACKs, its locks are stolen after τ(1+δ)\n"+
+			"Mount commands:\n"+
+			"  status          session, lease time left, cache size, locks, counters")
+	var server, mount, tokenFile string
+	var asJSON bool
+	fs.StringVar(&server, "server", "", "the server's admin endpoint HOST:PORT (serve --admin)")
+	fs.StringVar(&mount, "mount", "", "ask the mount at MOUNTPOINT instead of a server")
+	fs.StringVar(&tokenFile, "token-file", "", "cluster token file (needed when the endpoint is not on loopback)")
+	fs.BoolVar(&asJSON, "json", false, "print the JSON the endpoint returned instead of a table")
+	if err := parse(fs, argv); err != nil {
+		return err
+	}
+	args := fs.Args()
+	if len(args) == 0 || (server == "") == (mount == "") {
+		fs.Usage()
+		return errUsage
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if mount != "" {
+		if args[0] != "status" || len(args) != 1 {
+			return fmt.Errorf("a mount answers only: status")
+		}
+		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", MountSocket(mount))
+		}}}
+		body, err := fetch(ctx, hc, "GET", "http://mount/status", "")
+		if err != nil {
+			return fmt.Errorf("mount %s (socket %s): %w", mount, MountSocket(mount), err)
+		}
+		return show(os.Stdout, body, asJSON, printMount)
+	}
+	token := ""
+	if tokenFile != "" {
+		tok, err := transport.ReadTokenFile(tokenFile)
+		if err != nil {
+			return err
+		}
+		token = tok.String()
+	}
+	base := "http://" + server
+	hc := http.DefaultClient
+	get := func(path string) ([]byte, error) { return fetch(ctx, hc, "GET", base+path, token) }
+	var body []byte
+	var err error
+	var printer func(io.Writer, []byte) error
+	switch cmd := args[0]; {
+	case cmd == "evict" && len(args) == 2:
+		body, err = fetch(ctx, hc, "POST", base+"/api/evict?client="+url.QueryEscape(args[1]), token)
+		printer = printEvict
+	case len(args) != 1:
+		fs.Usage()
+		return errUsage
+	case cmd == "status":
+		body, err = get("/api/status")
+		printer = printStatus
+	case cmd == "clients":
+		body, err = get("/api/clients")
+		printer = printClients
+	case cmd == "locks":
+		body, err = get("/api/locks")
+		printer = printLocks
+	case cmd == "owners":
+		body, err = get("/api/owners")
+		printer = printOwners
+	case cmd == "counters":
+		body, err = get("/api/counters")
+		printer = printCounters
+	default:
+		return fmt.Errorf("unknown admin command %q", cmd)
+	}
+	if err != nil {
+		return err
+	}
+	return show(os.Stdout, body, asJSON, printer)
+}
+
+func fetch(ctx context.Context, hc *http.Client, method, u, token string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		msg := strings.TrimSpace(string(body))
+		var e struct{ Error string }
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			msg = e.Error
+		}
+		return nil, fmt.Errorf("%s: %s", resp.Status, msg)
+	}
+	return body, nil
+}
+
+func show(w io.Writer, body []byte, asJSON bool, printer func(io.Writer, []byte) error) error {
+	if asJSON {
+		_, err := w.Write(body)
+		return err
+	}
+	return printer(w, body)
+}
+
+func decode[T any](body []byte) (T, error) {
+	var v T
+	err := json.Unmarshal(body, &v)
+	if err != nil {
+		err = fmt.Errorf("bad reply: %w", err)
+	}
+	return v, err
+}
+
+func table(w io.Writer, header string, rows func(tw io.Writer)) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	rows(tw)
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func printStatus(w io.Writer, body []byte) error {
+	st, err := decode[metaserver.AdminStatus](body)
+	if err != nil {
+		return err
+	}
+	peers := "none (single server)"
+	if len(st.Peers) > 0 {
+		var ps []string
+		for _, p := range st.Peers {
+			ps = append(ps, fmt.Sprintf("%v %s reachable=%v", p.ID, p.Addr, p.Reachable))
+		}
+		peers = strings.Join(ps, ", ")
+	}
+	return table(w, "FIELD\tVALUE", func(tw io.Writer) {
+		fmt.Fprintf(tw, "server\t%v\n", st.ServerID)
+		fmt.Fprintf(tw, "listen\t%s\n", st.Listen)
+		fmt.Fprintf(tw, "uptime\t%v\n", st.Uptime.Round(time.Second))
+		fmt.Fprintf(tw, "client lease\t%v (δ %g)\n", st.ClientLease, st.ClockDrift)
+		fmt.Fprintf(tw, "in grace\t%v\n", st.InGrace)
+		fmt.Fprintf(tw, "peers\t%s\n", peers)
+		fmt.Fprintf(tw, "store\t%d bytes (LSM %d, value log %d)\n", st.StoreLSM+st.StoreVlog, st.StoreLSM, st.StoreVlog)
+		fmt.Fprintf(tw, "sessions\t%d\n", st.Sessions)
+		fmt.Fprintf(tw, "failing\t%d\n", st.Failing)
+		fmt.Fprintf(tw, "locked inodes\t%d\n", st.LockedInodes)
+	})
+}
+
+func printClients(w io.Writer, body []byte) error {
+	cs, err := decode[[]metaserver.ClientInfo](body)
+	if err != nil {
+		return err
+	}
+	return table(w, "CLIENT\tHOST\tADDRESS\tSTATE\tLAST REQUEST\tDATA LOCKS\tOPEN FILES", func(tw io.Writer) {
+		for _, c := range cs {
+			state := c.State
+			if c.State == "failing" {
+				state = fmt.Sprintf("failing (%v left)", c.FailingLeft.Round(time.Millisecond))
+			}
+			last := "-"
+			if !c.LastSeen.IsZero() {
+				last = time.Since(c.LastSeen).Round(time.Millisecond).String() + " ago"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", c.Client, dash(c.Host), dash(c.Addr), state, last, c.DataLocks, c.OpenFiles)
+		}
+	})
+}
+
+func printLocks(w io.Writer, body []byte) error {
+	ls, err := decode[[]metaserver.LockInfo](body)
+	if err != nil {
+		return err
+	}
+	return table(w, "INODE\tKIND\tMODE\tCLIENT\tSTATE\tRANGE", func(tw io.Writer) {
+		for _, l := range ls {
+			state := "held"
+			switch {
+			case l.Waiting:
+				state = "waiting"
+			case l.Revoking != "":
+				state = "revoking to " + l.Revoking
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", uint64(l.Ino), l.Kind, l.Mode, l.Client, state, dash(l.Range))
+		}
+	})
+}
+
+func printOwners(w io.Writer, body []byte) error {
+	owners, err := decode[[]metaserver.OwnerInfo](body)
+	if err != nil {
+		return err
+	}
+	return table(w, "INODE\tOWNER\tEPOCH\tEXPIRY", func(tw io.Writer) {
+		for _, o := range owners {
+			exp := "- (single server)"
+			if !o.Expiry.IsZero() {
+				exp = o.Expiry.Format(time.RFC3339Nano)
+			}
+			fmt.Fprintf(tw, "%d\t%v\t%d\t%s\n", uint64(o.Ino), o.Owner, uint64(o.Epoch), exp)
+		}
+	})
+}
+
+func printCounters(w io.Writer, body []byte) error {
+	// Print in the API's field order, whatever it grows to.
+	var m map[string]json.Number
+	if err := json.Unmarshal(body, &m); err != nil {
+		return fmt.Errorf("bad reply: %w", err)
+	}
+	var order []string
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	_, _ = dec.Token()
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			break
+		}
+		order = append(order, k.(string))
+		_, _ = dec.Token()
+	}
+	return table(w, "COUNTER\tVALUE", func(tw io.Writer) {
+		for _, k := range order {
+			fmt.Fprintf(tw, "%s\t%s\n", k, m[k])
+		}
+	})
+}
+
+func printEvict(w io.Writer, body []byte) error {
+	ev, err := decode[metaserver.EvictResult](body)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s evicted: NACKed from now on; its locks are stolen in %v\n", ev.Client, ev.StealIn.Round(time.Millisecond))
+	return err
+}
+
+func printMount(w io.Writer, body []byte) error {
+	ms, err := decode[mountStatus](body)
+	if err != nil {
+		return err
+	}
+	st := ms.Stats
+	if err := table(w, "FIELD\tVALUE", func(tw io.Writer) {
+		fmt.Fprintf(tw, "mountpoint\t%s\n", ms.Mountpoint)
+		fmt.Fprintf(tw, "server\t%s\n", ms.Server)
+		fmt.Fprintf(tw, "client\t%s\n", ms.Client)
+		fmt.Fprintf(tw, "session\t%s\n", ms.Session)
+		fmt.Fprintf(tw, "pid\t%d\n", ms.Pid)
+		fmt.Fprintf(tw, "lease left\t%v\n", st.LeaseLeft.Round(time.Millisecond))
+		fmt.Fprintf(tw, "cached inodes\t%d (hits %d, misses %d)\n", st.CachedInodes, st.Hits, st.Misses)
+		fmt.Fprintf(tw, "locks held\t%d\n", len(st.Locks))
+		fmt.Fprintf(tw, "requests\t%d (explicit renewals %d)\n", st.Requests, st.LeaseStats.Renewals)
+		fmt.Fprintf(tw, "nacks received\t%d\n", st.NacksReceived)
+		fmt.Fprintf(tw, "recoveries\t%d\n", st.Recoveries)
+		fmt.Fprintf(tw, "revocations\t%d\n", st.Revocations)
+	}); err != nil {
+		return err
+	}
+	if len(st.Locks) == 0 {
+		return nil
+	}
+	fmt.Fprintln(w)
+	return table(w, "INODE\tMODE\tSEQ", func(tw io.Writer) {
+		for _, g := range st.Locks {
+			fmt.Fprintf(tw, "%d\t%v\t%d\n", uint64(g.Ino), g.Mode, g.Seq)
+		}
+	})
+}
