@@ -21,6 +21,7 @@ func TestBrokenVariantsCaught(t *testing.T) {
 		{"lease-from-receive", Broken{LeaseFromReceive: true}, nil},
 		{"steal-without-wait", Broken{StealWithoutWait: true}, nil},
 		{"no-grace", Broken{NoGrace: true}, nil},
+		{"ignore-seq", Broken{IgnoreSeq: true}, nil},
 		{"ignore-delta", Broken{IgnoreDelta: true}, func(c *Config) {
 			c.Lease.Delta = 0.5
 			c.DeliveryTimeout = c.Lease.Tau / 20

@@ -103,7 +103,8 @@ func (c *client) receive(m *msg) {
 		// overtaken by a newer grant (a duplicate, a late copy) is
 		// acknowledged with its own number, which the server finds
 		// stale, and changes nothing here.
-		if m.seq > c.grantSeq[m.ino] && c.believed[m.ino] > m.mode {
+		ignoreSeq := c.w.cfg.Broken.IgnoreSeq
+		if (m.seq > c.grantSeq[m.ino] || ignoreSeq) && c.believed[m.ino] > m.mode {
 			// Flush and drop caches, then acknowledge.
 			if m.mode == locks.None {
 				delete(c.believed, m.ino)
@@ -111,7 +112,11 @@ func (c *client) receive(m *msg) {
 				c.believed[m.ino] = m.mode
 			}
 		}
-		c.w.send(c.node, 0, &msg{kind: mCallbackAck, client: c.id, session: c.session, ino: m.ino, mode: m.mode, seq: m.seq})
+		ack := m.seq
+		if ignoreSeq {
+			ack = c.seqSeen[m.ino]
+		}
+		c.w.send(c.node, 0, &msg{kind: mCallbackAck, client: c.id, session: c.session, ino: m.ino, mode: m.mode, seq: ack})
 	case mReply:
 		o := c.out[m.req]
 		if o == nil {
@@ -143,7 +148,7 @@ func (c *client) receive(m *msg) {
 }
 
 func (c *client) granted(m *msg, now clock.Time) {
-	if m.seq < c.seqSeen[m.ino] {
+	if m.seq < c.seqSeen[m.ino] && !c.w.cfg.Broken.IgnoreSeq {
 		return // a revocation with a later number already applies to it
 	}
 	c.seqSeen[m.ino] = m.seq

@@ -43,6 +43,10 @@ func TestPure(t *testing.T) {
 			case *ast.ChanType:
 				t.Errorf("%s: channel type", fset.Position(n.Pos()))
 			case *ast.SelectorExpr:
+				// Only explicitly seeded sources: no global rand.
+				if id, ok := n.X.(*ast.Ident); ok && id.Name == "rand" && n.Sel.Name != "New" && n.Sel.Name != "NewPCG" && n.Sel.Name != "Rand" {
+					t.Errorf("%s: global rand.%s", fset.Position(n.Pos()), n.Sel.Name)
+				}
 				if id, ok := n.X.(*ast.Ident); ok && id.Name == "time" && (n.Sel.Name == "Now" || n.Sel.Name == "Sleep" || n.Sel.Name == "Since" || n.Sel.Name == "After" || n.Sel.Name == "NewTimer" || n.Sel.Name == "Tick") {
 					t.Errorf("%s: time.%s", fset.Position(n.Pos()), n.Sel.Name)
 				}

@@ -35,6 +35,9 @@ type Broken struct {
 	StealWithoutWait bool // server steals as soon as a callback times out
 	NoGrace          bool // restarted server grants at once
 	IgnoreDelta      bool // server waits τ instead of τ(1+δ)
+	// IgnoreSeq: the client applies every revocation and grant whatever
+	// its sequence number and acknowledges with the highest number seen.
+	IgnoreSeq bool
 }
 
 func (b Broken) String() string {
@@ -50,6 +53,9 @@ func (b Broken) String() string {
 	}
 	if b.IgnoreDelta {
 		s = append(s, "ignore-delta")
+	}
+	if b.IgnoreSeq {
+		s = append(s, "ignore-seq")
 	}
 	if len(s) == 0 {
 		return "correct"

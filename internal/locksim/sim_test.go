@@ -65,7 +65,7 @@ func TestSeeds(t *testing.T) {
 }
 
 // TestReplay reruns one seed with a trace: LOCKSIM_SEED=n, optionally
-// LOCKSIM_BROKEN=lease-from-receive,steal-without-wait,no-grace,ignore-delta.
+// LOCKSIM_BROKEN=lease-from-receive,steal-without-wait,no-grace,ignore-seq,ignore-delta.
 func TestReplay(t *testing.T) {
 	v := os.Getenv("LOCKSIM_SEED")
 	if v == "" {
@@ -85,6 +85,8 @@ func TestReplay(t *testing.T) {
 			cfg.Broken.StealWithoutWait = true
 		case "no-grace":
 			cfg.Broken.NoGrace = true
+		case "ignore-seq":
+			cfg.Broken.IgnoreSeq = true
 		case "ignore-delta":
 			cfg.Broken.IgnoreDelta = true
 			cfg.Lease.Delta, cfg.DeliveryTimeout, cfg.Faults.ExtremeRates = 0.5, cfg.Lease.Tau/20, true
