@@ -1,0 +1,186 @@
+package integration
+
+import (
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func freeTCPAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// admin runs `leasefs admin` and returns its output.
+func admin(t *testing.T, args ...string) string {
+	t.Helper()
+	return run(t, "", binary, append([]string{"admin"}, args...)...)
+}
+
+// mountClient asks a mount for its client id through its status socket.
+func mountClient(t *testing.T, m *mount) (id string, recoveries int64) {
+	t.Helper()
+	var st struct {
+		Client string
+		Stats  struct{ Recoveries, NacksReceived int64 }
+	}
+	out := admin(t, "--mount", m.dir, "status", "--json")
+	if err := json.Unmarshal([]byte(out), &st); err != nil || !strings.HasPrefix(st.Client, "client:") {
+		t.Fatalf("mount status: %v\n%s", err, out)
+	}
+	return st.Client, st.Stats.Recoveries
+}
+
+// row reports whether some line of a table has all the fields, in order,
+// each as whole whitespace-separated words.
+func row(table string, fields ...string) bool {
+	parts := make([]string, len(fields))
+	for i, f := range fields {
+		parts[i] = regexp.QuoteMeta(f)
+	}
+	// Whole fields only: "0" must not match "10".
+	re := regexp.MustCompile(`(?m)^(?:.*\s)?` + strings.Join(parts, `\s+(?:.*\s)?`) + `(?:\s.*)?$`)
+	return re.MatchString(table)
+}
+
+// TestAdmin: a server with --admin and two mounts; the CLI tables show the
+// traffic and the flock; the status page renders in headless Chromium;
+// evicting one mount's client makes it recover while the other proceeds.
+func TestAdmin(t *testing.T) {
+	adminAddr := freeTCPAddr(t)
+	s := startServer(t, "--admin", adminAddr, "--client-lease", "500ms", "--delivery-timeout", "100ms")
+	a, b := startMount(t, s), startMount(t, s)
+	srv := []string{"--server", adminAddr}
+
+	must(t, os.WriteFile(filepath.Join(a.dir, "x"), []byte("from a"), 0o644))
+	must(t, os.WriteFile(filepath.Join(b.dir, "y"), []byte("from b"), 0o644))
+	lockf, err := os.OpenFile(filepath.Join(a.dir, "lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	must(t, err)
+	defer lockf.Close()
+	must(t, syscall.Flock(int(lockf.Fd()), syscall.LOCK_EX))
+	var lockIno uint64
+	if st, err := lockf.Stat(); err == nil {
+		lockIno = st.Sys().(*syscall.Stat_t).Ino
+	}
+	idA, _ := mountClient(t, a)
+	idB, _ := mountClient(t, b)
+	if idA == idB {
+		t.Fatalf("both mounts report client %s", idA)
+	}
+
+	status := admin(t, append(srv, "status")...)
+	if !row(status, "sessions", "2") || !row(status, "failing", "0") || !row(status, "peers", "none") {
+		t.Errorf("status table:\n%s", status)
+	}
+	clients := admin(t, append(srv, "clients")...)
+	if !row(clients, idA, "normal") || !row(clients, idB, "normal") {
+		t.Errorf("clients table lacks %s and %s as normal:\n%s", idA, idB, clients)
+	}
+	lockTable := admin(t, append(srv, "locks")...)
+	if !row(lockTable, itoa(int(lockIno)), "flock", "write", idA, "held") {
+		t.Errorf("locks table lacks the flock of %s on inode %d:\n%s", idA, lockIno, lockTable)
+	}
+	if !row(lockTable, "data", idB) {
+		t.Errorf("locks table lacks a data lock of %s:\n%s", idB, lockTable)
+	}
+	owners := admin(t, append(srv, "owners")...)
+	if !row(owners, itoa(int(lockIno)), "server:1", "0") {
+		t.Errorf("owners table:\n%s", owners)
+	}
+	counters := admin(t, append(srv, "counters")...)
+	if !row(counters, "sessions_opened", "2") || !row(counters, "clients_failed", "0") {
+		t.Errorf("counters table:\n%s", counters)
+	}
+	mstat := admin(t, "--mount", a.dir, "status")
+	if !row(mstat, "client", idA) || !row(mstat, "lease left") || !row(mstat, "nacks received", "0") {
+		t.Errorf("mount status:\n%s", mstat)
+	}
+	if out, err := runErr("", binary, "admin", "--server", adminAddr, "evict", "client:00000000000000ff"); err == nil ||
+		!strings.Contains(out, "no such client") {
+		t.Errorf("evicting an unknown client: %v\n%s", err, out)
+	}
+
+	t.Run("chromium", func(t *testing.T) { statusPage(t, "http://"+adminAddr+"/", idA, idB) })
+
+	// Evict a: it is NACKed; b goes on working meanwhile.
+	out := admin(t, append(srv, "evict", idA)...)
+	if !strings.Contains(out, idA+" evicted") {
+		t.Fatalf("evict: %s", out)
+	}
+	if clients := admin(t, append(srv, "clients")...); !row(clients, idA, "failing") || !row(clients, idB, "normal") {
+		t.Errorf("clients after evict:\n%s", clients)
+	}
+	must(t, os.WriteFile(filepath.Join(b.dir, "during"), []byte("b proceeds"), 0o644))
+	if got, err := os.ReadFile(filepath.Join(b.dir, "x")); err != nil || string(got) != "from a" {
+		t.Errorf("b reads x during a's eviction: %q %v", got, err)
+	}
+	// a's next operations work after its NACK recovery.
+	start := time.Now()
+	must(t, os.WriteFile(filepath.Join(a.dir, "after"), []byte("a recovered"), 0o644))
+	if got, err := os.ReadFile(filepath.Join(a.dir, "during")); err != nil || string(got) != "b proceeds" {
+		t.Errorf("a reads b's file after recovery: %q %v", got, err)
+	}
+	t.Logf("a's first operation after eviction took %v", time.Since(start))
+	if _, rec := mountClient(t, a); rec < 1 {
+		t.Errorf("mount a reports %d recoveries after eviction", rec)
+	}
+	if !strings.Contains(a.output(), "NACK received") || !strings.Contains(a.output(), "recovery done") {
+		t.Errorf("mount a logged no NACK and recovery")
+	}
+	waitFor(t, 5*time.Second, "a back to normal in the clients table", func() bool {
+		return row(admin(t, append(srv, "clients")...), idA, "normal")
+	})
+	if got, err := os.ReadFile(filepath.Join(b.dir, "after")); err != nil || string(got) != "a recovered" {
+		t.Errorf("b reads a's file written after recovery: %q %v", got, err)
+	}
+	counters = admin(t, append(srv, "counters")...)
+	if !row(counters, "clients_failed", "1") || !row(counters, "clients_expired", "1") || row(counters, "nacks_sent", "0") {
+		t.Errorf("counters after eviction:\n%s", counters)
+	}
+	if lt := admin(t, append(srv, "locks")...); strings.Contains(lt, "flock") {
+		t.Errorf("a's flock survived its eviction:\n%s", lt)
+	}
+}
+
+// statusPage loads the status page in headless Chromium and checks that the
+// rendered DOM shows both clients and the flock, then takes a screenshot.
+func statusPage(t *testing.T, url, idA, idB string) {
+	bin := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			bin = p
+			break
+		}
+	}
+	if bin == "" {
+		t.Skip("chromium not installed (.ci/run installs it)")
+	}
+	dir := t.TempDir()
+	flags := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+		"--user-data-dir=" + filepath.Join(dir, "profile"), "--window-size=1280,900"}
+	dom := run(t, dir, bin, append(flags, "--dump-dom", url)...)
+	for _, want := range []string{idA, idB, "flock", "2 sessions", "none (single server)"} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("rendered status page lacks %q:\n%s", want, dom)
+		}
+	}
+	shot := filepath.Join(dir, "status.png")
+	run(t, dir, bin, append(flags, "--screenshot="+shot, url)...)
+	if st, err := os.Stat(shot); err != nil || st.Size() < 1000 {
+		t.Errorf("screenshot %s: %v", shot, err)
+	} else {
+		t.Logf("screenshot: %s (%d bytes)", shot, st.Size())
+	}
+}
