@@ -334,8 +334,8 @@ func TestExtensionNeedsFreshAcceptQuorum(t *testing.T) {
 	tn.settle()
 	before, _, _ := tn.nodes[1].OwnedExpiry(tn.now, 7)
 	tn.advance(tn.nodes[1].lease * 3 / 4) // renewal round starts
-	tn.deliver(tn.take(all)...)          // prepares
-	tn.deliver(tn.take(all)...)          // promises: the prepare quorum alone extends nothing
+	tn.deliver(tn.take(all)...)           // prepares
+	tn.deliver(tn.take(all)...)           // promises: the prepare quorum alone extends nothing
 	if until, _, _ := tn.nodes[1].OwnedExpiry(tn.now, 7); until != before {
 		t.Fatalf("extended to %v on a prepare quorum", until)
 	}
