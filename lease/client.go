@@ -21,6 +21,8 @@ type Client struct {
 	nackAt  clock.Time // replies to requests sent at or before this are void
 	stats   ClientStats
 	renewAt clock.Time // when the last explicit renewal was sent
+	// lapseSeen is the expiry whose lapse was last counted.
+	lapseSeen clock.Time
 }
 
 // ClientStats counts what the client sent.
@@ -132,8 +134,9 @@ func (c *Client) NeedsRenewal(now clock.Time, holdsState bool) bool {
 	if !c.renewAt.IsZero() && now.Sub(c.renewAt) < c.cfg.RenewMargin/2 && !now.Before(c.renewAt) {
 		return false
 	}
-	if !now.Before(c.expiry) {
-		c.stats.LapsesObserved++
+	if !now.Before(c.expiry) && c.lapseSeen != c.expiry {
+		c.stats.LapsesObserved++ // once per lapse, however often asked
+		c.lapseSeen = c.expiry
 	}
 	return true
 }

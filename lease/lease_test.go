@@ -124,7 +124,7 @@ func TestClientNeedsRenewal(t *testing.T) {
 		t.Fatal("no retry after half the margin")
 	}
 	// Lapsed: still asks (to learn whether the state survived).
-	if !c.NeedsRenewal(ms(2000), true) {
+	if !c.NeedsRenewal(ms(2000), true) || !c.NeedsRenewal(ms(2100), true) {
 		t.Fatal("no renewal after lapse")
 	}
 	c.Acked(ms(900), ms(2010))
