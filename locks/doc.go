@@ -42,4 +42,5 @@ var (
 	ErrNoGrace        = errors.New("locks: not in grace period")
 	ErrBadRange       = errors.New("locks: bad byte range")
 	ErrDeadlock       = errors.New("locks: deadlock")
+	ErrTooManyLocks   = errors.New("locks: too many locks") // ENOLCK: an inode's lock list is full
 )

@@ -82,9 +82,6 @@ type PosixConfig struct {
 // DefaultPosixConfig returns 4096 locks and 1024 waiters per inode.
 func DefaultPosixConfig() PosixConfig { return PosixConfig{MaxLocks: 4096, MaxWaiters: 1024} }
 
-// ErrTooManyLocks is ENOLCK: the inode's lock list is full.
-var ErrTooManyLocks = fmt.Errorf("locks: too many locks")
-
 type posixWaiter struct {
 	id  WaiterID
 	ino ids.Ino
