@@ -110,6 +110,12 @@ func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode
 	}
 	select {
 	case g := <-ch:
+		if m.isFailing(c) {
+			// Granted while the client was being failed: it must get a
+			// NACK, never a lock; the steal clears the grant.
+			m.done(held{key, g})
+			return held{}, errNack
+		}
 		return held{key, g}, nil
 	case <-ctx.Done():
 		m.mu.Lock()
