@@ -12,7 +12,7 @@ import (
 // tnet is a cluster on one shared clock with a hand-driven network: unit
 // tests pick which messages arrive, and when.
 type tnet struct {
-	t       *testing.T
+	t       testing.TB
 	now     clock.Time
 	peers   []ids.ServerID
 	nodes   map[ids.ServerID]*Node
@@ -20,7 +20,7 @@ type tnet struct {
 	events  []Event
 }
 
-func newNet(t *testing.T, n int, mut func(*Config)) *tnet {
+func newNet(t testing.TB, n int, mut func(*Config)) *tnet {
 	tn := &tnet{t: t, now: 1, nodes: map[ids.ServerID]*Node{}}
 	for i := 1; i <= n; i++ {
 		tn.peers = append(tn.peers, ids.ServerID(i))
