@@ -70,6 +70,12 @@ func TestSeed(t *testing.T) {
 // runSeeds runs seeds [0, n) on every core and returns the first failing
 // result (lowest seed), if any.
 func runSeeds(n int, u paxos.Unsafe, stopEarly bool) (fail *Result, ran int, events int64) {
+	fail, ran, events, _ = runSeedsStats(n, u, stopEarly)
+	return
+}
+
+func runSeedsStats(n int, u paxos.Unsafe, stopEarly bool) (fail *Result, ran int, events, acquired int64) {
+	var acq atomic.Int64
 	var (
 		mu   sync.Mutex
 		next atomic.Int64
@@ -94,6 +100,7 @@ func runSeeds(n int, u paxos.Unsafe, stopEarly bool) (fail *Result, ran int, eve
 				}
 				r := Run(Options{Seed: uint64(seed), Unsafe: u})
 				evs.Add(int64(r.Events))
+				acq.Add(int64(r.Acquired))
 				done.Add(1)
 				if r.Violation != "" {
 					mu.Lock()
@@ -106,14 +113,17 @@ func runSeeds(n int, u paxos.Unsafe, stopEarly bool) (fail *Result, ran int, eve
 		}()
 	}
 	wg.Wait()
-	return fail, int(done.Load()), evs.Load()
+	return fail, int(done.Load()), evs.Load(), acq.Load()
 }
 
 func TestSeeds(t *testing.T) {
 	n := seedCount()
 	start := time.Now()
-	fail, ran, evs := runSeeds(n, paxos.Unsafe{}, false)
-	t.Logf("%d seeds, %d events, %v", ran, evs, time.Since(start))
+	fail, ran, evs, acq := runSeedsStats(n, paxos.Unsafe{}, false)
+	t.Logf("%d seeds, %d events, %d acquisitions, %v", ran, evs, acq, time.Since(start))
+	if acq < int64(ran) {
+		t.Fatalf("only %d acquisitions in %d seeds: the workload does not exercise ownership", acq, ran)
+	}
 	if fail != nil {
 		r := Run(Options{Seed: fail.Seed, Trace: true})
 		tail := r.Trace

@@ -318,7 +318,9 @@ func (n *Node) NextDeadline() clock.Time {
 	return d
 }
 
-// Step handles one message from a peer.
+// Step handles one message from a peer. now is read once by the caller for
+// the whole message, so every entry is judged at one instant (audit rule:
+// read the clock once per handler).
 func (n *Node) Step(now clock.Time, m Message) error {
 	if m.To != n.cfg.ID {
 		return fmt.Errorf("%w: to %v, this is %v", ErrMisaddressed, m.To, n.cfg.ID)
@@ -534,6 +536,9 @@ func (n *Node) onResponse(now clock.Time, from ids.ServerID, e Entry) {
 		p.resetVotes()
 		n.wake(p.heldUntil)
 		n.wakeRound(now)
+		if !now.Before(p.heldUntil) {
+			return // compare before subtracting (audit rule)
+		}
 		left := p.heldUntil.Sub(now)
 		for _, peer := range n.cfg.Peers {
 			if peer != n.cfg.ID {
