@@ -568,6 +568,9 @@ func BenchmarkPerf(b *testing.B) {
 			b.ReportMetric(l.Seconds(), "leasefs-s")
 			b.ReportMetric(p.Seconds(), "loopback-s")
 			b.ReportMetric(p.Seconds()/l.Seconds(), "ratio")
+			if len(rows) > 0 && rows[len(rows)-1].name == st.name {
+				rows = rows[:len(rows)-1] // an earlier call's times
+			}
 			rows = append(rows, row{st.name, l, p})
 		})
 	}
