@@ -274,14 +274,14 @@ func (s *sim) flush(n *node) {
 	for i := range rd.Messages {
 		m := &rd.Messages[i]
 		s.res.Messages++
+		fate := s.transmit(m.To, m.Append(nil))
 		if s.opt.Trace {
 			var es []string
 			for _, e := range m.Entries {
 				es = append(es, e.String())
 			}
-			s.tracef("n%d → n%d: %s", m.From, m.To, strings.Join(es, "; "))
+			s.tracef("n%d → n%d: %s%s", m.From, m.To, strings.Join(es, "; "), fate)
 		}
-		s.transmit(m.To, m.Append(nil))
 	}
 	n.wakeGen++
 	if dl := n.core.NextDeadline(); !dl.IsZero() {
@@ -292,25 +292,38 @@ func (s *sim) flush(n *node) {
 
 func (s *sim) cut(a, b ids.ServerID) bool { return s.side[a] != s.side[b] }
 
-func (s *sim) transmit(to ids.ServerID, data []byte) {
+// transmit puts a message on the simulated network and says what became of
+// it, for the trace.
+func (s *sim) transmit(to ids.ServerID, data []byte) string {
 	from := ids.ServerID(data[1])
 	copies := 1
 	if !s.live {
-		if s.rng.Float64() < s.loss || s.cut(from, to) {
-			s.tracef("  (lost)")
-			return
+		if s.cut(from, to) {
+			return " (cut off)"
+		}
+		if s.rng.Float64() < s.loss {
+			return " (lost)"
 		}
 		if s.rng.Float64() < s.dup {
 			copies = 2
 		}
 	}
+	var fate []string
 	for range copies {
 		d := s.rng.Int64N(int64(maxDelay) + 1)
 		if !s.live && s.rng.Float64() < s.straggle {
 			d = s.rng.Int64N(int64(3 * leaseTime)) // far beyond any bound: safety must not care
+			fate = append(fate, fmt.Sprintf("straggles %v", time.Duration(d).Round(time.Millisecond)))
 		}
 		s.push(&event{at: s.now + d, kind: evDeliver, node: to, data: data})
 	}
+	if copies == 2 {
+		fate = append(fate, "duplicated")
+	}
+	if len(fate) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(fate, ", ") + ")"
 }
 
 func (s *sim) dispatch(e *event) {
@@ -432,11 +445,19 @@ func (s *sim) fault() {
 		if len(s.side) > 0 {
 			return
 		}
-		for _, m := range s.nodes {
-			s.side[m.id] = r.IntN(2) == 0
+		// a random non-empty proper subset is cut off from the rest
+		mask := 1 + r.IntN(1<<len(s.nodes)-2)
+		var a, b []ids.ServerID
+		for i, m := range s.nodes {
+			s.side[m.id] = mask&(1<<i) != 0
+			if s.side[m.id] {
+				a = append(a, m.id)
+			} else {
+				b = append(b, m.id)
+			}
 		}
 		d := int64(leaseTime)/2 + r.Int64N(int64(4*leaseTime))
-		s.tracef("partition %v for %v", s.side, time.Duration(d))
+		s.tracef("partition %v | %v for %v", a, b, time.Duration(d))
 		s.push(&event{at: s.now + d, kind: evHeal})
 	case 1: // crash, restart later with memory wiped
 		if n.core == nil {
