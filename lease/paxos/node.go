@@ -206,7 +206,9 @@ func (n *Node) Acquire(now clock.Time, ino ids.Ino) {
 	}
 	p.wanted = true
 	n.expire(now, ino, p)
-	if p.phase == idle && p.heldUntil.IsZero() && !n.quarantined(now) {
+	// repeated calls while backing off do not start attempts: they would
+	// outbid the owner's renewals
+	if p.phase == idle && p.heldUntil.IsZero() && !n.quarantined(now) && !now.Before(p.retryAt) {
 		n.start(now, ino, p)
 	} else {
 		n.wake(now)

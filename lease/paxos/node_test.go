@@ -451,6 +451,20 @@ func TestIdleInstancesFreed(t *testing.T) {
 	}
 }
 
+func TestRepeatedAcquireBacksOff(t *testing.T) {
+	tn := newNet(t, 3, nil)
+	tn.nodes[1].Acquire(tn.now, 7)
+	tn.settle()
+	tn.nodes[2].Acquire(tn.now, 7)
+	tn.settle() // blocked by node 1's lease
+	for range 5 {
+		tn.nodes[2].Acquire(tn.now, 7)
+	}
+	if ms := tn.take(all); len(ms) != 0 {
+		t.Fatalf("repeated Acquire sent %v", ms)
+	}
+}
+
 func TestHandOver(t *testing.T) {
 	tn := newNet(t, 3, nil)
 	tn.nodes[1].Acquire(tn.now, 7)
