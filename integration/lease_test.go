@@ -113,6 +113,11 @@ func TestLeaseFrozenClient(t *testing.T) {
 		t.Fatalf("held descriptor reads %q (%v), want %q", buf[:n], err, stale)
 	}
 
+	// And a descriptor open for writing: open files stay usable after
+	// recovery.
+	wfd, err := os.OpenFile(fa, os.O_WRONLY, 0)
+	must(t, err)
+
 	a.signal(syscall.SIGSTOP)
 	waitStopped(t, a.proc)
 	took, err := within(t, 20*time.Second, "B's write while A is frozen", func() error {
@@ -149,6 +154,18 @@ func TestLeaseFrozenClient(t *testing.T) {
 	}
 	wantFile(t, fa, fresh)
 	must(t, held.Close())
+	_, err = within(t, 20*time.Second, "write through A's descriptor kept open", func() error {
+		if _, err := wfd.WriteAt([]byte("F"), 0); err != nil {
+			return err
+		}
+		if err := wfd.Sync(); err != nil {
+			return err
+		}
+		return wfd.Close()
+	})
+	must(t, err)
+	fresh[0] = 'F'
+	wantFile(t, fb, fresh)
 
 	// A works normally without a remount: a new file both ways.
 	ga, gb := filepath.Join(a.dir, "g"), filepath.Join(b.dir, "g")
@@ -209,9 +226,14 @@ func TestLeaseBriefCut(t *testing.T) {
 
 // TestLeaseServerRestart: SIGKILL and restart the server while two mounts
 // hold locks; both recover through NACK (unknown session) without a
-// remount, and every fsynced byte is there.
+// remount, and every fsynced byte is there. The restarted server's grace
+// period keeps A from serving stale data: A renewed its lease just before
+// the kill and keeps f's pages in its kernel cache, so a write by B must
+// wait until A's lease has surely expired.
 func TestLeaseServerRestart(t *testing.T) {
-	s := startServer(t, "--client-lease", "1s", "--delivery-timeout", "250ms")
+	const tau, delta = time.Second, 0.05
+	grace := time.Duration(float64(tau) * (1 + delta))
+	s := startServer(t, "--client-lease", tau.String(), "--clock-drift", fmt.Sprint(delta), "--delivery-timeout", "250ms")
 	a, b := startMount(t, s), startMount(t, s)
 	files := map[string][]byte{}
 	for i, m := range []*mount{a, b} {
@@ -230,15 +252,42 @@ func TestLeaseServerRestart(t *testing.T) {
 			wantFile(t, filepath.Join(m.dir, rel), data)
 		}
 	}
+	fa, fb := filepath.Join(a.dir, "f"), filepath.Join(b.dir, "f")
+	stale, fresh := []byte("before the restart\n"), []byte("after the restart!\n")
+	writeSync(t, fa, stale)
+	held, err := os.Open(fa)
+	must(t, err)
+	defer held.Close()
+	buf := make([]byte, 64)
+	if n, _ := held.ReadAt(buf, 0); !bytes.Equal(buf[:n], stale) {
+		t.Fatalf("held descriptor reads %q, want %q", buf[:n], stale)
+	}
+	wantFile(t, fa, stale) // a request just before the kill: A's lease is fresh
 
+	killed := time.Now()
 	s.restart(t)
+	took, err := within(t, 20*time.Second, "B's write after the restart", func() error {
+		return os.WriteFile(fb, fresh, 0o644)
+	})
+	must(t, err)
+	since := time.Since(killed)
+	t.Logf("B's first write finished %v after the kill (%v after the server was up); grace τ(1+δ) = %v", since, took, grace)
+	if since < grace {
+		t.Errorf("B's write finished %v after the kill, inside the grace period of %v", since, grace)
+	}
+	n, err := held.ReadAt(buf, 0)
+	if !bytes.Equal(buf[:n], fresh) {
+		t.Errorf("A's held descriptor reads %q (%v) after B's write, want %q", buf[:n], err, fresh)
+	}
+
 	start := time.Now()
 	for _, m := range []*mount{a, b} {
 		for rel, data := range files {
 			wantFile(t, filepath.Join(m.dir, rel), data)
 		}
+		wantFile(t, filepath.Join(m.dir, "f"), fresh)
 	}
-	t.Logf("both mounts read everything again %v after the restart", time.Since(start))
+	t.Logf("both mounts read everything again in %v", time.Since(start))
 	// Both change things again and see each other's changes.
 	writeSync(t, filepath.Join(a.dir, "after-a"), []byte("a\n"))
 	writeSync(t, filepath.Join(b.dir, "after-b"), []byte("b\n"))
