@@ -297,13 +297,10 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		return nil, 0, toErrno(err)
 	}
 	h := &fileHandle{n: n, flags: flags}
-	if flags&syscall.O_ACCMODE == syscall.O_RDONLY && n.c.LockMode(n.ino()) != wire.LockNone {
-		// The open granted a data lock: the kernel may keep this file's
-		// pages; a revocation drops them (Client.Invalidate).
-		return h, fuse.FOPEN_KEEP_CACHE, 0
-	}
-	// Writers bypass the page cache so every write reaches the server at
-	// once and a reader elsewhere sees it.
+	// direct_io for every handle: a write through this mount does not drop
+	// the kernel's pages of the file kept for another handle here, so a
+	// page cache kept under a data lock could serve stale data
+	// (TestLinearizable found it). Reads go to the client each time.
 	return h, fuse.FOPEN_DIRECT_IO, 0
 }
 

@@ -35,7 +35,9 @@ type lockMgr struct {
 	posix   *locks.PosixTable
 	failing *lease.FailingSet
 	// waiting requests, woken by grants computed in other goroutines
-	waiters map[holdKey]chan locks.Grant
+	// Several requests of one client may wait for the same inode: the
+	// table queues the client once, and its grant wakes them all.
+	waiters map[holdKey][]chan locks.Grant
 	pwait   map[locks.WaiterID]chan struct{}
 	// inflight counts operations executing under a client's lock on an
 	// inode; a revocation is completed only when they are done, so no
@@ -49,19 +51,24 @@ type lockStats struct {
 	Granted, Revoked, Stolen, ClientsFailed, DeliveryErrors int64
 }
 
-func newLockMgr(s *Server) *lockMgr {
+// newLockMgr builds the lock shell; restarted says whether the data
+// directory served clients before (only then is there a grace period).
+func newLockMgr(s *Server, restarted bool) *lockMgr {
 	lcfg := lease.Config{Tau: s.cfg.ClientLease, Delta: s.cfg.ClockDrift, RenewMargin: s.cfg.ClientLease / 4}
 	m := &lockMgr{s: s,
 		data:     locks.NewDataTable(locks.DefaultDataConfig()),
 		posix:    locks.NewPosixTable(locks.DefaultPosixConfig()),
 		failing:  lease.NewFailingSet(lcfg),
-		waiters:  map[holdKey]chan locks.Grant{},
+		waiters:  map[holdKey][]chan locks.Grant{},
 		pwait:    map[locks.WaiterID]chan struct{}{},
 		inflight: map[holdKey]int{},
 	}
 	m.changed = sync.NewCond(&m.mu)
 	// A restarted server grants no lock for τ(1+δ): clients of the previous
 	// incarnation may trust their locks until their leases lapse.
+	if !restarted {
+		return m
+	}
 	grace := lcfg.FailTimeout()
 	m.data.SetGrace(m.clk.Now().Add(grace))
 	time.AfterFunc(grace, func() {
@@ -101,7 +108,7 @@ func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode
 	var ch chan locks.Grant
 	if out.Queued {
 		ch = make(chan locks.Grant, 1)
-		m.waiters[key] = ch
+		m.waiters[key] = append(m.waiters[key], ch)
 	}
 	own, ok := m.dispatchFor(out, key)
 	m.mu.Unlock()
@@ -126,6 +133,11 @@ func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode
 			m.changed.Broadcast()
 			_ = g
 		default:
+		}
+		rest := slices.DeleteFunc(m.waiters[key], func(w chan locks.Grant) bool { return w == ch })
+		if len(rest) > 0 {
+			m.waiters[key] = rest
+			return held{}, ctx.Err()
 		}
 		delete(m.waiters, key)
 		if out, err := m.data.Cancel(c, ino); err == nil {
@@ -157,18 +169,15 @@ func (m *lockMgr) dispatchFor(out locks.Outcome, self holdKey) (locks.Grant, boo
 	for _, g := range out.Grants {
 		key := holdKey{g.Client, g.Ino}
 		m.stats.Granted++
-		m.inflight[key]++
 		if key == self {
 			own, found = g, true
-			delete(m.waiters, key)
-			continue
+			m.inflight[key]++
 		}
-		if ch := m.waiters[key]; ch != nil {
-			delete(m.waiters, key)
+		for _, ch := range m.waiters[key] {
+			m.inflight[key]++
 			ch <- g
-		} else {
-			m.inflight[key]-- // nobody waits any more (cancelled)
 		}
+		delete(m.waiters, key)
 	}
 	for _, r := range out.Revokes {
 		m.stats.Revoked++

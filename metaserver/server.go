@@ -119,7 +119,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, store: store, id: id, start: time.Now(),
 		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}}
-	s.lm = newLockMgr(s)
+	s.lm = newLockMgr(s, !created) // a fresh data directory had no clients to wait for
 	s.tr, err = transport.Listen(cfg.Listen, transport.ServerConfig{Identity: id, Logger: cfg.Logger, Faults: cfg.Faults}, s.handle)
 	if err != nil {
 		store.Close()
