@@ -66,6 +66,7 @@ var ErrTimeout = errors.New("client: server unreachable (soft timeout)")
 // Counters are the client's request and lease counters.
 type Counters struct {
 	Requests, NacksReceived, Recoveries, Revocations atomic.Int64
+	ReclaimsOK, ReclaimsRefused, DataLost            atomic.Int64
 }
 
 // Client is one mount's connection to leasefs.
@@ -87,6 +88,7 @@ type Client struct {
 	cache   *cache.Cache
 	lapsed  bool // a lapse was logged
 
+	wb        writeback
 	recoverMu sync.Mutex // one recovery at a time
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -261,12 +263,22 @@ func (c *Client) roundTrip(ctx context.Context, h transport.Header, body []byte)
 // kernel's too, and open a new session (once, however many requests saw
 // the NACK).
 func (c *Client) recover(ctx context.Context, nacked ids.SessionID) error {
+	recovered, err := c.renewSession(ctx, nacked)
+	if recovered {
+		c.reclaim(ctx)
+	}
+	return err
+}
+
+// renewSession drops the caches and opens a new session, once per NACKed
+// session; it reports whether this call did it.
+func (c *Client) renewSession(ctx context.Context, nacked ids.SessionID) (bool, error) {
 	c.recoverMu.Lock()
 	defer c.recoverMu.Unlock()
 	c.mu.Lock()
 	if c.session.ID != nacked {
 		c.mu.Unlock()
-		return nil // another request already recovered
+		return false, nil // another request already recovered
 	}
 	c.lease.Nacked(c.clk.Now())
 	dropped := c.cache.DropAll()
@@ -278,11 +290,11 @@ func (c *Client) recover(ctx context.Context, nacked ids.SessionID) error {
 		c.Invalidate(ino)
 	}
 	if err := c.openSession(ctx); err != nil {
-		return err
+		return false, err
 	}
 	c.Counters.Recoveries.Add(1)
 	c.log.Info("recovery done: new session, caches rebuilt on demand")
-	return nil
+	return true, nil
 }
 
 // releaseEvicted gives back locks the cache dropped for space.
@@ -305,8 +317,13 @@ func (c *Client) onCallback(ctx context.Context, body []byte) []byte {
 	if cb.Kind == wire.CallbackRevoke {
 		c.Counters.Revocations.Add(1)
 		c.mu.Lock()
-		lowered := c.cache.Revoke(cb.Ino, cb.Mode, cb.Seq)
+		lowered := c.cache.Revoke(cb.Ino, cb.Mode, cb.Seq) // stops buffering
 		c.mu.Unlock()
+		// Buffered writes reach the server before the lock goes: the
+		// next holder must read them.
+		if err := c.Flush(ctx, cb.Ino); err != nil {
+			return wire.ErrorReply(wire.Errf(wire.CodeIO, "flush before revocation: %v", err)).Append(nil)
+		}
 		if lowered && cb.Mode == wire.LockNone {
 			c.Invalidate(cb.Ino)
 		}
@@ -347,6 +364,7 @@ func (c *Client) renewLoop() {
 			c.log.Warn("lease lapsed: server unreachable; cached data not trusted until it answers")
 		}
 		c.mu.Unlock()
+		c.flushOld(context.Background())
 		if need {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.session.Tau))
 			_, _ = c.Call(ctx, &wire.Request{Op: wire.OpRenew})
@@ -357,16 +375,19 @@ func (c *Client) renewLoop() {
 
 // Stats describes the client for `leasefs admin --mount`.
 type Stats struct {
-	Session       ids.SessionID
-	LeaseLeft     time.Duration
-	LeaseStats    lease.ClientStats
-	CachedInodes  int
-	Hits, Misses  int64
-	Locks         []wire.Grant
-	Requests      int64
-	NacksReceived int64
-	Recoveries    int64
-	Revocations   int64
+	Session         ids.SessionID
+	LeaseLeft       time.Duration
+	LeaseStats      lease.ClientStats
+	CachedInodes    int
+	Hits, Misses    int64
+	Locks           []wire.Grant
+	Requests        int64
+	NacksReceived   int64
+	Recoveries      int64
+	Revocations     int64
+	ReclaimsOK      int64
+	ReclaimsRefused int64
+	DataLost        int64
 }
 
 // Stats returns the client's state and counters.
@@ -377,7 +398,9 @@ func (c *Client) Stats() Stats {
 	return Stats{Session: c.session.ID, LeaseLeft: c.lease.Remaining(c.clk.Now()), LeaseStats: c.lease.Stats(),
 		CachedInodes: n, Hits: hits, Misses: misses, Locks: c.cache.Locks(),
 		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
-		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load()}
+		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load(),
+		ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
+		DataLost: c.Counters.DataLost.Load()}
 }
 
 // Close ends the session cleanly (releasing every lock at once) and closes
@@ -385,8 +408,9 @@ func (c *Client) Stats() Stats {
 func (c *Client) Close() error {
 	close(c.stop)
 	c.wg.Wait()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	c.FlushAll(ctx)
 	_, _ = c.Call(ctx, &wire.Request{Op: wire.OpGoodbye})
 	return c.tr.Close()
 }

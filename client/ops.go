@@ -84,6 +84,9 @@ func (c *Client) changedDirs(dirs ...ids.Ino) {
 
 // SetAttr changes attributes; req carries Valid and the values.
 func (c *Client) SetAttr(ctx context.Context, req *wire.Request) (*wire.Attr, error) {
+	if err := c.Flush(ctx, req.Ino); err != nil {
+		return nil, err
+	}
 	req.Op = wire.OpSetAttr
 	return c.attrCall(ctx, req)
 }
@@ -175,8 +178,12 @@ func (c *Client) Release(ctx context.Context, ino ids.Ino) error {
 	return err
 }
 
-// Read reads up to size bytes at off.
+// Read reads up to size bytes at off, after sending this client's buffered
+// writes of the file.
 func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, size int) ([]byte, error) {
+	if err := c.Flush(ctx, ino); err != nil {
+		return nil, err
+	}
 	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpRead, Ino: ino, Off: off, Size: uint64(size)})
 	if err != nil {
 		return nil, err
@@ -184,13 +191,11 @@ func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, size int) ([
 	return rep.Data, nil
 }
 
-// Write writes data at off.
-func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte) (*wire.Attr, error) {
-	return c.attrCall(ctx, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: off, Data: data})
-}
-
 // Fsync returns once everything written so far is durable on the server.
 func (c *Client) Fsync(ctx context.Context, ino ids.Ino) error {
+	if err := c.Flush(ctx, ino); err != nil {
+		return err
+	}
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpFsync, Ino: ino})
 	return err
 }

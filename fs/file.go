@@ -14,8 +14,9 @@ import (
 
 // fileHandle is an open file.
 type fileHandle struct {
-	n     *Node
-	flags uint32
+	n       *Node
+	flags   uint32
+	lostGen uint64 // the file's lost-write generation this handle has reported
 
 	mu     sync.Mutex
 	owners map[uint64]bool // lock owners that locked through this handle
@@ -38,30 +39,50 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	return fuse.ReadResultData(data), 0
 }
 
-// Write writes through to the server. O_APPEND writes go to the end as the
-// server sees it, so appends from several clients never overwrite each other.
+// Write buffers under an X lock or writes through (client.Write). O_APPEND
+// writes go to the end as the server sees it, so appends from several
+// clients never overwrite each other.
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	req := &wire.Request{Op: wire.OpWrite, Ino: h.n.ino(), Off: uint64(off), Data: data}
-	if h.flags&syscall.O_APPEND != 0 {
-		req.Flags = syscall.O_APPEND
-	}
-	if _, err := h.n.c.Call(ctx, req); err != nil {
+	if err := h.n.c.Write(ctx, h.n.ino(), uint64(off), data, h.flags&syscall.O_APPEND != 0); err != nil {
 		return 0, toErrno(err)
 	}
 	return uint32(len(data)), 0
 }
 
-// Flush is called on every close of a file descriptor.
-func (h *fileHandle) Flush(ctx context.Context) syscall.Errno { return 0 }
+// lostWrites reports EIO once for each loss of buffered writes of this file
+// (the server failed this client and another client changed the file).
+func (h *fileHandle) lostWrites() syscall.Errno {
+	gen := h.n.c.LostGen(h.n.ino())
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if gen > h.lostGen {
+		h.lostGen = gen
+		return syscall.EIO
+	}
+	return 0
+}
+
+// Flush is called on every close of a file descriptor: buffered writes go
+// to the server, so close-to-open readers elsewhere see them.
+func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
+	if err := h.n.c.Flush(ctx, h.n.ino()); err != nil {
+		return toErrno(err)
+	}
+	return h.lostWrites()
+}
 
 // Fsync returns once the file's data is durable on the server.
 func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
-	return toErrno(h.n.c.Fsync(ctx, h.n.ino()))
+	if errno := toErrno(h.n.c.Fsync(ctx, h.n.ino())); errno != 0 {
+		return errno
+	}
+	return h.lostWrites()
 }
 
 // Release is the last close of the handle.
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.releaseLocks()
+	_ = h.n.c.Flush(context.Background(), h.n.ino())
 	return toErrno(h.n.c.Release(context.Background(), h.n.ino()))
 }
 

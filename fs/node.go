@@ -296,7 +296,7 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	if _, err := n.c.Open(ctx, n.ino(), flags); err != nil {
 		return nil, 0, toErrno(err)
 	}
-	h := &fileHandle{n: n, flags: flags}
+	h := &fileHandle{n: n, flags: flags, lostGen: n.c.LostGen(n.ino())}
 	// direct_io for every handle: a write through this mount does not drop
 	// the kernel's pages of the file kept for another handle here, so a
 	// page cache kept under a data lock could serve stale data

@@ -250,7 +250,17 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		})
 	case wire.OpWrite:
 		return s.underLocks(ctx, sess, exclusive(r.Ino), func() *wire.Reply {
-			if r.Flags&syscall.O_APPEND != 0 {
+			if r.Flags&wire.WriteIfVersion != 0 {
+				a, err := st.GetAttr(r.Ino)
+				if err != nil {
+					return wire.ErrorReply(err)
+				}
+				if a.Version != r.Version {
+					return wire.ErrorReply(wire.Errf(wire.CodeStale,
+						"file changed since the buffered writes were made (version %d, not %d)", a.Version, r.Version))
+				}
+			}
+			if r.Flags&wire.WriteAppend != 0 {
 				s.appendMu.Lock()
 				defer s.appendMu.Unlock()
 				a, err := st.GetAttr(r.Ino)

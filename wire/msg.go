@@ -74,6 +74,15 @@ func Ops() []Op {
 	return out
 }
 
+// OpWrite flags.
+const (
+	// WriteAppend writes at the end of the file as the server sees it.
+	WriteAppend uint32 = 1 << iota
+	// WriteIfVersion writes only if the file's version is still Version
+	// (reclaiming buffered writes after a NACK); else CodeStale.
+	WriteIfVersion
+)
+
 // PosixReleaseOwner in an OpPosixLock request's Flags drops every lock of
 // Lk.Owner on the inode (its file was closed).
 const PosixReleaseOwner uint32 = 1

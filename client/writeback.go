@@ -1,0 +1,253 @@
+package client
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// Write-back under an exclusive data lock (DESIGN.md "Data locks"): while
+// the client holds X on a file and its lease is valid, writes are buffered
+// here and sent in large batches on fsync, close, read, attribute change,
+// revocation, memory pressure and before the lease could lapse. After a
+// NACK, dirty data is reclaimed only if the file's version at the server is
+// still the one the data was based on; otherwise it is lost, counted, logged,
+// and the next fsync or close of the file returns EIO.
+
+const (
+	flushThreshold = 8 << 20 // buffered bytes per file before a synchronous flush
+	flushChunk     = 1 << 20 // bytes per write request when flushing
+	flushAge       = 2 * time.Second
+)
+
+type extent struct {
+	off  uint64
+	data []byte
+}
+
+// dirtyFile is one file's buffered writes, in the order they were made.
+type dirtyFile struct {
+	mu      sync.Mutex // held while flushing, so flushes of one file are ordered
+	extents []extent
+	bytes   int
+	since   time.Time
+	base    uint64 // the file's version at the server the writes are based on
+}
+
+type writeback struct {
+	mu    sync.Mutex
+	files map[ids.Ino]*dirtyFile
+	// lost counts lost-write events per inode; a handle that saw fewer
+	// reports EIO on its next fsync or close.
+	lost map[ids.Ino]uint64
+}
+
+func (w *writeback) file(ino ids.Ino, create bool) *dirtyFile {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.files == nil {
+		w.files = map[ids.Ino]*dirtyFile{}
+		w.lost = map[ids.Ino]uint64{}
+	}
+	f := w.files[ino]
+	if f == nil && create {
+		f = &dirtyFile{since: time.Now()}
+		w.files[ino] = f
+	}
+	return f
+}
+
+// lockFile returns ino's dirty file, locked and still current: a flush
+// that completed, or a reclaim, may have retired the one found first, and
+// data added to a retired file would never be sent.
+func (w *writeback) lockFile(ino ids.Ino) *dirtyFile {
+	for {
+		f := w.file(ino, true)
+		f.mu.Lock()
+		w.mu.Lock()
+		current := w.files[ino] == f
+		w.mu.Unlock()
+		if current {
+			return f
+		}
+		f.mu.Unlock()
+	}
+}
+
+// LostGen returns ino's lost-write generation; fs handles remember it at
+// open and compare at fsync and close.
+func (c *Client) LostGen(ino ids.Ino) uint64 {
+	c.wb.mu.Lock()
+	defer c.wb.mu.Unlock()
+	return c.wb.lost[ino]
+}
+
+// Write writes data at off. Under an X lock with a valid lease and cached
+// attributes it only buffers; otherwise it writes through, and the reply's
+// grant lets the next write buffer.
+func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte, appendMode bool) error {
+	if !appendMode && c.buffer(ino, off, data) {
+		f := c.wb.file(ino, false)
+		if f != nil && f.size() >= flushThreshold {
+			return c.Flush(ctx, ino)
+		}
+		return nil
+	}
+	if err := c.Flush(ctx, ino); err != nil {
+		return err
+	}
+	req := &wire.Request{Op: wire.OpWrite, Ino: ino, Off: off, Data: data}
+	if appendMode {
+		req.Flags = wire.WriteAppend
+	}
+	_, err := c.Call(ctx, req)
+	return err
+}
+
+func (f *dirtyFile) size() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.bytes
+}
+
+// buffer records a write if the client may keep it. Lock order: the
+// file's mu, then c.mu (Flush holds the file's mu while it calls).
+func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
+	f := c.wb.lockFile(ino)
+	defer f.mu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.lease.Valid(c.clk.Now()) {
+		return false
+	}
+	if mode, _ := c.cache.Mode(ino); mode != wire.LockExclusive {
+		return false
+	}
+	attr, ok := c.cache.Attr(ino)
+	if !ok {
+		return false
+	}
+	if len(f.extents) == 0 {
+		f.base = attr.Version
+		f.since = time.Now()
+	}
+	// Extend the last extent when the write continues it: sequential
+	// writes become one large request.
+	if n := len(f.extents); n > 0 && f.extents[n-1].off+uint64(len(f.extents[n-1].data)) == off &&
+		len(f.extents[n-1].data) < flushChunk {
+		f.extents[n-1].data = append(f.extents[n-1].data, data...)
+	} else {
+		f.extents = append(f.extents, extent{off: off, data: append(make([]byte, 0, max(len(data), 128<<10)), data...)})
+	}
+	f.bytes += len(data)
+	attr.Size = max(attr.Size, off+uint64(len(data)))
+	attr.Mtime = time.Now().UnixNano()
+	attr.Ctime = attr.Mtime
+	c.cache.SetAttr(attr)
+	return true
+}
+
+// Flush sends ino's buffered writes to the server.
+func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
+	f := c.wb.file(ino, false)
+	if f == nil {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for len(f.extents) > 0 {
+		e := f.extents[0]
+		end := min(len(e.data), flushChunk)
+		if _, err := c.Call(ctx, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off, Data: e.data[:end]}); err != nil {
+			return err
+		}
+		f.bytes -= end
+		if end == len(e.data) {
+			f.extents = f.extents[1:]
+		} else {
+			f.extents[0] = extent{off: e.off + uint64(end), data: e.data[end:]}
+		}
+	}
+	c.wb.mu.Lock()
+	if c.wb.files[ino] == f {
+		delete(c.wb.files, ino)
+	}
+	c.wb.mu.Unlock()
+	return nil
+}
+
+// FlushAll flushes every dirty file.
+func (c *Client) FlushAll(ctx context.Context) {
+	c.wb.mu.Lock()
+	inos := make([]ids.Ino, 0, len(c.wb.files))
+	for ino := range c.wb.files {
+		inos = append(inos, ino)
+	}
+	c.wb.mu.Unlock()
+	for _, ino := range inos {
+		if err := c.Flush(ctx, ino); err != nil {
+			c.log.Warn("flush of buffered writes failed", "ino", ino, "err", err)
+		}
+	}
+}
+
+// flushOld flushes files dirty for longer than flushAge, so a crash of this
+// client loses at most that much of what it buffered.
+func (c *Client) flushOld(ctx context.Context) {
+	c.wb.mu.Lock()
+	var old []ids.Ino
+	for ino, f := range c.wb.files {
+		if f.mu.TryLock() {
+			if len(f.extents) > 0 && time.Since(f.since) > flushAge {
+				old = append(old, ino)
+			}
+			f.mu.Unlock()
+		}
+	}
+	c.wb.mu.Unlock()
+	for _, ino := range old {
+		_ = c.Flush(ctx, ino)
+	}
+}
+
+// reclaim runs after a NACK, in the new session: each file's dirty data is
+// written back if the file's version is still the one it was based on
+// (nobody else wrote it meanwhile); otherwise the data is lost and reported.
+func (c *Client) reclaim(ctx context.Context) {
+	c.wb.mu.Lock()
+	files := c.wb.files
+	c.wb.files = map[ids.Ino]*dirtyFile{}
+	c.wb.mu.Unlock()
+	for ino, f := range files {
+		f.mu.Lock()
+		var err error
+		version := f.base
+		for _, e := range f.extents {
+			var rep *wire.Reply
+			rep, err = c.Call(ctx, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off, Data: e.data,
+				Flags: wire.WriteIfVersion, Version: version})
+			if err != nil {
+				break
+			}
+			version = rep.Attr.Version
+		}
+		lostBytes := f.bytes
+		f.extents, f.bytes = nil, 0
+		f.mu.Unlock()
+		if err == nil {
+			c.Counters.ReclaimsOK.Add(1)
+			c.log.Info("reclaimed buffered writes after recovery", "ino", ino, "bytes", lostBytes)
+			continue
+		}
+		c.Counters.ReclaimsRefused.Add(1)
+		c.Counters.DataLost.Add(1)
+		c.wb.mu.Lock()
+		c.wb.lost[ino]++
+		c.wb.mu.Unlock()
+		c.log.Error("DATA LOST: buffered writes could not be reclaimed after the server failed this client; "+
+			"the next fsync or close of the file returns EIO", "ino", ino, "bytes", lostBytes, "err", err)
+	}
+}
