@@ -196,6 +196,13 @@ func (c *Client) openSession(ctx context.Context) error {
 // carrying that code (wire.CodeOf). After a NACK the client drops its cache,
 // opens a new session and sends req again: a NACKed request was not executed.
 func (c *Client) Call(ctx context.Context, req *wire.Request) (*wire.Reply, error) {
+	return c.call(ctx, req, nil)
+}
+
+// call is Call with apply run on the cache in the same critical section
+// that applies the reply's grants (only for a successful reply), so what it
+// caches is covered by exactly those grants: no revocation can slip between.
+func (c *Client) call(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply)) (*wire.Reply, error) {
 	if !(req.Op == wire.OpPosixLock && req.Lk.Wait) {
 		// Only a lock wait can block for as long as another user likes,
 		// so only it gives way to a signal (EINTR). Anything else
@@ -234,6 +241,9 @@ func (c *Client) Call(ctx context.Context, req *wire.Request) (*wire.Reply, erro
 			}
 			if rep.Attr != nil {
 				c.cache.SetAttr(rep.Attr)
+			}
+			if apply != nil && rep.Code == wire.CodeOK {
+				apply(c.cache, rep)
 			}
 		}
 		evicted := c.cache.TakeEvicted()

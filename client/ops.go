@@ -72,14 +72,38 @@ func (c *Client) withCache(fn func(*cache.Cache)) {
 	fn(c.cache)
 }
 
-// changedDirs forgets what this client cached of directories it just
-// changed (their entries and times); the locks stay.
-func (c *Client) changedDirs(dirs ...ids.Ino) {
+// forget drops cached attributes of inodes an operation changed and, for
+// directories, their entries: the fallback when the outcome is unknown.
+func (c *Client) forget(inos ...ids.Ino) {
 	c.withCache(func(ch *cache.Cache) {
-		for _, d := range dirs {
-			ch.InvalidateDir(d)
+		for _, ino := range inos {
+			ch.InvalidateDir(ino)
 		}
 	})
+}
+
+// entryChanged records, under the X lock the reply granted on dir, that
+// dir/name now names child (0: nothing) and that dir's times changed.
+func entryChanged(ch *cache.Cache, dir ids.Ino, name string, child ids.Ino) {
+	ch.InvalidateAttr(dir)
+	ch.SetEntry(dir, name, child)
+}
+
+// createCall runs a create-like request and caches the new entry.
+func (c *Client) createCall(ctx context.Context, req *wire.Request) (*wire.Attr, error) {
+	rep, err := c.call(ctx, req, func(ch *cache.Cache, rep *wire.Reply) {
+		if rep.Attr != nil {
+			entryChanged(ch, req.Parent, req.Name, rep.Attr.Ino)
+		}
+	})
+	if err != nil {
+		c.forget(req.Parent)
+		return nil, err
+	}
+	if rep.Attr == nil {
+		return nil, wire.Errf(wire.CodeIO, "%v reply without attributes", req.Op)
+	}
+	return rep.Attr, nil
 }
 
 // SetAttr changes attributes; req carries Valid and the values.
@@ -93,20 +117,17 @@ func (c *Client) SetAttr(ctx context.Context, req *wire.Request) (*wire.Attr, er
 
 // Create makes a regular file, device, fifo or socket.
 func (c *Client) Create(ctx context.Context, parent ids.Ino, name string, mode, uid, gid, rdev uint32) (*wire.Attr, error) {
-	defer c.changedDirs(parent)
-	return c.attrCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid, Rdev: rdev})
+	return c.createCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid, Rdev: rdev})
 }
 
 // Mkdir makes a directory.
 func (c *Client) Mkdir(ctx context.Context, parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, error) {
-	defer c.changedDirs(parent)
-	return c.attrCall(ctx, &wire.Request{Op: wire.OpMkdir, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid})
+	return c.createCall(ctx, &wire.Request{Op: wire.OpMkdir, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid})
 }
 
 // Symlink makes a symbolic link.
 func (c *Client) Symlink(ctx context.Context, parent ids.Ino, name, target string, uid, gid uint32) (*wire.Attr, error) {
-	defer c.changedDirs(parent)
-	return c.attrCall(ctx, &wire.Request{Op: wire.OpSymlink, Parent: parent, Name: name, Target: target, Uid: uid, Gid: gid})
+	return c.createCall(ctx, &wire.Request{Op: wire.OpSymlink, Parent: parent, Name: name, Target: target, Uid: uid, Gid: gid})
 }
 
 // Readlink returns a symlink's target.
@@ -120,26 +141,42 @@ func (c *Client) Readlink(ctx context.Context, ino ids.Ino) (string, error) {
 
 // Link adds a hard link to ino.
 func (c *Client) Link(ctx context.Context, ino, newParent ids.Ino, name string) (*wire.Attr, error) {
-	defer c.changedDirs(newParent, ino)
-	return c.attrCall(ctx, &wire.Request{Op: wire.OpLink, Ino: ino, NewPar: newParent, Name: name})
+	rep, err := c.call(ctx, &wire.Request{Op: wire.OpLink, Ino: ino, NewPar: newParent, Name: name},
+		func(ch *cache.Cache, rep *wire.Reply) {
+			entryChanged(ch, newParent, name, ino)
+		})
+	c.forget(ino)
+	if err != nil {
+		c.forget(newParent)
+		return nil, err
+	}
+	if rep.Attr == nil {
+		return nil, wire.Errf(wire.CodeIO, "link reply without attributes")
+	}
+	return rep.Attr, nil
 }
 
 // Unlink removes a non-directory entry.
 func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error {
 	child, _ := c.Lookup(ctx, parent, name)
-	_, err := c.Call(ctx, &wire.Request{Op: wire.OpUnlink, Parent: parent, Name: name})
+	_, err := c.call(ctx, &wire.Request{Op: wire.OpUnlink, Parent: parent, Name: name},
+		func(ch *cache.Cache, _ *wire.Reply) { entryChanged(ch, parent, name, 0) })
+	if err != nil {
+		c.forget(parent)
+	}
 	if child != nil {
-		c.changedDirs(parent, child.Ino)
-	} else {
-		c.changedDirs(parent)
+		c.forget(child.Ino) // its link count changed
 	}
 	return err
 }
 
 // Rmdir removes an empty directory.
 func (c *Client) Rmdir(ctx context.Context, parent ids.Ino, name string) error {
-	_, err := c.Call(ctx, &wire.Request{Op: wire.OpRmdir, Parent: parent, Name: name})
-	c.changedDirs(parent)
+	_, err := c.call(ctx, &wire.Request{Op: wire.OpRmdir, Parent: parent, Name: name},
+		func(ch *cache.Cache, _ *wire.Reply) { entryChanged(ch, parent, name, 0) })
+	if err != nil {
+		c.forget(parent)
+	}
 	return err
 }
 
@@ -147,14 +184,29 @@ func (c *Client) Rmdir(ctx context.Context, parent ids.Ino, name string) error {
 func (c *Client) Rename(ctx context.Context, parent ids.Ino, name string, newParent ids.Ino, newName string, flags uint32) error {
 	moved, _ := c.Lookup(ctx, parent, name)
 	target, _ := c.Lookup(ctx, newParent, newName)
-	_, err := c.Call(ctx, &wire.Request{Op: wire.OpRename, Parent: parent, Name: name, NewPar: newParent, NewName: newName, Flags: flags})
-	dirs := []ids.Ino{parent, newParent}
+	const renameExchange = 2 // RENAME_EXCHANGE
+	_, err := c.call(ctx, &wire.Request{Op: wire.OpRename, Parent: parent, Name: name, NewPar: newParent, NewName: newName, Flags: flags},
+		func(ch *cache.Cache, _ *wire.Reply) {
+			if moved == nil || (flags&renameExchange != 0 && target == nil) {
+				ch.InvalidateDir(parent)
+				ch.InvalidateDir(newParent)
+				return
+			}
+			var back ids.Ino // what the old name names afterwards
+			if flags&renameExchange != 0 {
+				back = target.Ino
+			}
+			entryChanged(ch, parent, name, back)
+			entryChanged(ch, newParent, newName, moved.Ino)
+		})
+	if err != nil {
+		c.forget(parent, newParent)
+	}
 	for _, a := range []*wire.Attr{moved, target} {
 		if a != nil {
-			dirs = append(dirs, a.Ino)
+			c.forget(a.Ino) // ctime, link count, a directory's ".."
 		}
 	}
-	c.changedDirs(dirs...)
 	return err
 }
 
@@ -223,7 +275,7 @@ func (c *Client) GetXattr(ctx context.Context, ino ids.Ino, name string) ([]byte
 
 // SetXattr sets an extended attribute.
 func (c *Client) SetXattr(ctx context.Context, ino ids.Ino, name string, value []byte, flags uint32) error {
-	defer c.changedDirs(ino)
+	defer c.forget(ino)
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpSetXattr, Ino: ino, Name: name, Data: value, Flags: flags})
 	return err
 }

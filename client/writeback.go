@@ -1,7 +1,10 @@
 package client
 
 import (
+	"bytes"
+	"cmp"
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -140,7 +143,7 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 		len(f.extents[n-1].data) < flushChunk {
 		f.extents[n-1].data = append(f.extents[n-1].data, data...)
 	} else {
-		f.extents = append(f.extents, extent{off: off, data: append(make([]byte, 0, max(len(data), 128<<10)), data...)})
+		f.extents = append(f.extents, extent{off: off, data: bytes.Clone(data)})
 	}
 	f.bytes += len(data)
 	attr.Size = max(attr.Size, off+uint64(len(data)))
@@ -150,7 +153,9 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 	return true
 }
 
-// Flush sends ino's buffered writes to the server.
+// Flush sends ino's buffered writes to the server. Writes that overlap
+// no other go out concurrently (their order does not matter); otherwise in
+// the order they were made.
 func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	f := c.wb.file(ino, false)
 	if f == nil {
@@ -158,25 +163,118 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for len(f.extents) > 0 {
-		e := f.extents[0]
-		end := min(len(e.data), flushChunk)
-		if _, err := c.Call(ctx, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off, Data: e.data[:end]}); err != nil {
-			return err
-		}
-		f.bytes -= end
-		if end == len(e.data) {
-			f.extents = f.extents[1:]
-		} else {
-			f.extents[0] = extent{off: e.off + uint64(end), data: e.data[end:]}
+	extents := latestOnly(f.extents)
+	var reqs []*wire.Request
+	for _, e := range extents {
+		for off := 0; off < len(e.data); off += flushChunk {
+			end := min(len(e.data), off+flushChunk)
+			reqs = append(reqs, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off + uint64(off), Data: e.data[off:end]})
 		}
 	}
+	if err := c.sendWrites(ctx, reqs, disjoint(extents)); err != nil {
+		return err
+	}
+	f.extents, f.bytes = nil, 0
 	c.wb.mu.Lock()
 	if c.wb.files[ino] == f {
 		delete(c.wb.files, ino)
 	}
 	c.wb.mu.Unlock()
 	return nil
+}
+
+// latestOnly drops writes that a later write of exactly the same range
+// replaced (a page rewritten), which also makes random page writes
+// disjoint so they can go out concurrently.
+func latestOnly(es []extent) []extent {
+	type span struct {
+		off uint64
+		n   int
+	}
+	last := make(map[span]int, len(es))
+	for i, e := range es {
+		last[span{e.off, len(e.data)}] = i
+	}
+	if len(last) == len(es) {
+		return es
+	}
+	out := make([]extent, 0, len(last))
+	for i, e := range es {
+		if last[span{e.off, len(e.data)}] == i {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// disjoint reports whether no two extents overlap.
+func disjoint(es []extent) bool {
+	sorted := slices.Clone(es)
+	slices.SortFunc(sorted, func(a, b extent) int { return cmp.Compare(a.off, b.off) })
+	for i := 1; i < len(sorted); i++ {
+		if sorted[i-1].off+uint64(len(sorted[i-1].data)) > sorted[i].off {
+			return false
+		}
+	}
+	return true
+}
+
+const (
+	flushParallel = 16
+	serverChunk   = 64 << 10 // the server's chunk size: writes into one chunk conflict
+)
+
+// sendWrites sends the requests, up to flushParallel at once if
+// concurrent is set; writes into the same server chunk go one after the
+// other so their transactions do not conflict. A failure leaves every write
+// to be sent again, which is harmless: writing the same bytes twice gives the
+// same file.
+func (c *Client) sendWrites(ctx context.Context, reqs []*wire.Request, concurrent bool) error {
+	if !concurrent || len(reqs) == 1 {
+		for _, r := range reqs {
+			if _, err := c.Call(ctx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	slices.SortFunc(reqs, func(a, b *wire.Request) int { return cmp.Compare(a.Off, b.Off) })
+	var groups [][]*wire.Request
+	for i, r := range reqs {
+		if i > 0 && r.Off/serverChunk == (reqs[i-1].Off+uint64(len(reqs[i-1].Data))-1)/serverChunk {
+			groups[len(groups)-1] = append(groups[len(groups)-1], r)
+			continue
+		}
+		groups = append(groups, []*wire.Request{r})
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+		next     = make(chan []*wire.Request)
+	)
+	for range min(flushParallel, len(groups)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for g := range next {
+				for _, r := range g {
+					if _, err := c.Call(ctx, r); err != nil {
+						mu.Lock()
+						firstErr = cmp.Or(firstErr, err)
+						mu.Unlock()
+						break
+					}
+				}
+			}
+		}()
+	}
+	for _, g := range groups {
+		next <- g
+	}
+	close(next)
+	wg.Wait()
+	return firstErr
 }
 
 // FlushAll flushes every dirty file.

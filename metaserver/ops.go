@@ -250,6 +250,9 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		})
 	case wire.OpWrite:
 		return s.underLocks(ctx, sess, exclusive(r.Ino), func() *wire.Reply {
+			mu := &s.writeMu[r.Ino%ids.Ino(len(s.writeMu))]
+			mu.Lock()
+			defer mu.Unlock()
 			if r.Flags&wire.WriteIfVersion != 0 {
 				a, err := st.GetAttr(r.Ino)
 				if err != nil {

@@ -89,7 +89,11 @@ type Server struct {
 	sessions map[ids.ClientID]*session
 	opens    map[ids.Ino]int // open handles over all sessions, to keep unlinked files
 	appendMu sync.Mutex      // makes an O_APPEND write's size read and write one step
-	lm       *lockMgr
+	// writeMu serialises writes per inode (striped): each write updates the
+	// inode's attributes, so concurrent writes of one file would only make
+	// badger transactions conflict and retry.
+	writeMu [64]sync.Mutex
+	lm      *lockMgr
 
 	counters Counters
 }
