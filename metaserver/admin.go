@@ -79,7 +79,8 @@ type Admin struct {
 // metrics are the Prometheus collectors a server feeds while an admin
 // endpoint is running.
 type metrics struct {
-	requests *prometheus.HistogramVec
+	requests    *prometheus.HistogramVec
+	revocations *prometheus.HistogramVec
 }
 
 func newMetrics() *metrics {
@@ -87,7 +88,26 @@ func newMetrics() *metrics {
 		Name:    "leasefs_request_duration_seconds",
 		Help:    "Requests served, by operation and result, with their latency.",
 		Buckets: prometheus.ExponentialBuckets(50e-6, 4, 10), // 50µs .. 13s
-	}, []string{"op", "result"})}
+	}, []string{"op", "result"}),
+		revocations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "leasefs_revocation_duration_seconds",
+			Help:    "Lock revocation round trips (callback sent to acknowledgement), by result.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 4, 10),
+		}, []string{"result"})}
+}
+
+// observeRevocation records one revocation callback's round trip, if an
+// admin endpoint is running.
+func (s *Server) observeRevocation(d time.Duration, acked bool) {
+	v, ok := servers.Load(s)
+	if !ok {
+		return
+	}
+	result := "acked"
+	if !acked {
+		result = "delivery-error"
+	}
+	v.(*metrics).revocations.WithLabelValues(result).Observe(d.Seconds())
 }
 
 // observe records one request.
@@ -507,7 +527,7 @@ func (a *Admin) register() {
 	gauge("leasefs_failing_clients", "Clients being timed out (NACKed).", func(st AdminStatus) float64 { return float64(st.Failing) })
 	gauge("leasefs_locked_inodes", "Inodes with data locks held or requested.", func(st AdminStatus) float64 { return float64(st.LockedInodes) })
 	gauge("leasefs_store_bytes", "Bytes stored (badger LSM plus value log).", func(st AdminStatus) float64 { return float64(st.StoreLSM + st.StoreVlog) })
-	a.reg.MustRegister(a.m.requests)
+	a.reg.MustRegister(a.m.requests, a.m.revocations)
 }
 
 //go:embed status.html

@@ -183,6 +183,11 @@ func TestAdminAPI(t *testing.T) {
 		t.Errorf("counters: %+v", ctr)
 	}
 
+	// A conflicting request makes the server revoke c1's lock on a.
+	if _, err := c2.Read(ctx, fa.Ino, 0, 5); err != nil {
+		t.Fatal(err)
+	}
+
 	// Metrics in the Prometheus text format.
 	code, body := adminGet(t, a, "GET", "/metrics", "")
 	if code != 200 {
@@ -201,6 +206,15 @@ func TestAdminAPI(t *testing.T) {
 	}
 	if n := histCount(fams["leasefs_request_duration_seconds"], "open-session", "ok"); n != 2 {
 		t.Errorf("open-session/ok requests in histogram: %d, want 2", n)
+	}
+	var revocations uint64
+	if f := fams["leasefs_revocation_duration_seconds"]; f != nil {
+		for _, m := range f.Metric {
+			revocations += m.GetHistogram().GetSampleCount()
+		}
+	}
+	if revocations < 1 {
+		t.Errorf("no revocation round trip recorded in leasefs_revocation_duration_seconds")
 	}
 	if c := fams["leasefs_locks_granted_total"]; c == nil || c.Metric[0].GetCounter().GetValue() < 2 {
 		t.Errorf("leasefs_locks_granted_total: %v", c)

@@ -194,6 +194,7 @@ func (m *lockMgr) revoke(r locks.Revoke) {
 	ctx, cancel := context.WithTimeout(context.Background(), m.s.cfg.DeliveryTimeout)
 	defer cancel()
 	cb := (&wire.Callback{Kind: wire.CallbackRevoke, Ino: r.Ino, Mode: wire.LockMode(r.To), Seq: r.Seq}).Append(nil)
+	start := time.Now()
 	raw, err := m.s.tr.Callback(ctx, r.Client, cb)
 	if err == nil {
 		var rep *wire.Reply
@@ -201,6 +202,7 @@ func (m *lockMgr) revoke(r locks.Revoke) {
 			err = rep.Err()
 		}
 	}
+	m.s.observeRevocation(time.Since(start), err == nil)
 	if err != nil {
 		m.s.log.Warn("revocation not acknowledged; failing client", "client", r.Client, "ino", r.Ino, "err", err)
 		m.fail(r.Client, "revocation not acknowledged")
