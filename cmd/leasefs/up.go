@@ -31,6 +31,7 @@ func runUp(argv []string) error {
 		func(fs *pflag.FlagSet) {
 			fs.StringVar(&f.cfg.Dir, "data", defaultDataDir(), "data directory")
 			fs.StringVar(&f.cfg.Listen, "listen", "127.0.0.1:0", "HOST:PORT for other machines' mounts (port 0: a free one)")
+			addAdminFlag(fs)
 		})
 	if err != nil {
 		return err
@@ -47,6 +48,9 @@ func runUp(argv []string) error {
 		return err
 	}
 	defer srv.Close()
+	if err := startAdmin(srv); err != nil {
+		return err
+	}
 	tok, err := transport.ParseToken(srv.Token())
 	if err != nil {
 		return err
