@@ -203,6 +203,16 @@ func (c *Client) Call(ctx context.Context, req *wire.Request) (*wire.Reply, erro
 // that applies the reply's grants (only for a successful reply), so what it
 // caches is covered by exactly those grants: no revocation can slip between.
 func (c *Client) call(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply)) (*wire.Reply, error) {
+	return c.callWith(ctx, req, apply, false)
+}
+
+// errRecovered tells a flush of buffered writes that the server NACKed it:
+// the client recovered, and the writes may now only be reclaimed.
+var errRecovered = errors.New("client: session recovered after NACK")
+
+// callWith is call; with failOnNack a NACKed request is not sent again in
+// the new session but fails with errRecovered.
+func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool) (*wire.Reply, error) {
 	if !(req.Op == wire.OpPosixLock && req.Lk.Wait) {
 		// Only a lock wait can block for as long as another user likes,
 		// so only it gives way to a signal (EINTR). Anything else
@@ -226,6 +236,9 @@ func (c *Client) call(ctx context.Context, req *wire.Request, apply func(*cache.
 		if rep.Code == wire.CodeNack {
 			if err := c.recover(ctx, h.Session); err != nil {
 				return nil, err
+			}
+			if failOnNack {
+				return nil, errRecovered
 			}
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -171,8 +172,13 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 			reqs = append(reqs, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off + uint64(off), Data: e.data[off:end]})
 		}
 	}
-	if err := c.sendWrites(ctx, reqs, disjoint(extents)); err != nil {
-		return err
+	if err := c.sendWrites(ctx, f, reqs, disjoint(extents)); err != nil {
+		if !errors.Is(err, errRecovered) {
+			return err
+		}
+		// The server failed us while we flushed: what is left may only
+		// be reclaimed.
+		c.reclaimFile(ctx, ino, f)
 	}
 	f.extents, f.bytes = nil, 0
 	c.wb.mu.Lock()
@@ -229,10 +235,22 @@ const (
 // other so their transactions do not conflict. A failure leaves every write
 // to be sent again, which is harmless: writing the same bytes twice gives the
 // same file.
-func (c *Client) sendWrites(ctx context.Context, reqs []*wire.Request, concurrent bool) error {
+func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Request, concurrent bool) error {
+	var versionMu sync.Mutex
+	send := func(r *wire.Request) error {
+		rep, err := c.callWith(ctx, r, nil, true)
+		if err == nil && rep.Attr != nil {
+			// Our own writes move the version on; a reclaim compares
+			// against the newest one we caused.
+			versionMu.Lock()
+			f.base = max(f.base, rep.Attr.Version)
+			versionMu.Unlock()
+		}
+		return err
+	}
 	if !concurrent || len(reqs) == 1 {
 		for _, r := range reqs {
-			if _, err := c.Call(ctx, r); err != nil {
+			if err := send(r); err != nil {
 				return err
 			}
 		}
@@ -259,7 +277,7 @@ func (c *Client) sendWrites(ctx context.Context, reqs []*wire.Request, concurren
 			defer wg.Done()
 			for g := range next {
 				for _, r := range g {
-					if _, err := c.Call(ctx, r); err != nil {
+					if err := send(r); err != nil {
 						mu.Lock()
 						firstErr = cmp.Or(firstErr, err)
 						mu.Unlock()
@@ -311,41 +329,58 @@ func (c *Client) flushOld(ctx context.Context) {
 	}
 }
 
-// reclaim runs after a NACK, in the new session: each file's dirty data is
-// written back if the file's version is still the one it was based on
-// (nobody else wrote it meanwhile); otherwise the data is lost and reported.
+// reclaim runs after a NACK, in the new session, for every dirty file that
+// no flush is sending at the moment (a flush reclaims its own file).
 func (c *Client) reclaim(ctx context.Context) {
 	c.wb.mu.Lock()
-	files := c.wb.files
-	c.wb.files = map[ids.Ino]*dirtyFile{}
+	files := make(map[ids.Ino]*dirtyFile, len(c.wb.files))
+	for ino, f := range c.wb.files {
+		files[ino] = f
+	}
 	c.wb.mu.Unlock()
 	for ino, f := range files {
-		f.mu.Lock()
-		var err error
-		version := f.base
-		for _, e := range f.extents {
-			var rep *wire.Reply
-			rep, err = c.Call(ctx, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off, Data: e.data,
-				Flags: wire.WriteIfVersion, Version: version})
-			if err != nil {
-				break
-			}
-			version = rep.Attr.Version
-		}
-		lostBytes := f.bytes
-		f.extents, f.bytes = nil, 0
-		f.mu.Unlock()
-		if err == nil {
-			c.Counters.ReclaimsOK.Add(1)
-			c.log.Info("reclaimed buffered writes after recovery", "ino", ino, "bytes", lostBytes)
+		if !f.mu.TryLock() {
 			continue
 		}
-		c.Counters.ReclaimsRefused.Add(1)
-		c.Counters.DataLost.Add(1)
+		c.reclaimFile(ctx, ino, f)
+		f.extents, f.bytes = nil, 0
 		c.wb.mu.Lock()
-		c.wb.lost[ino]++
+		if c.wb.files[ino] == f {
+			delete(c.wb.files, ino)
+		}
 		c.wb.mu.Unlock()
-		c.log.Error("DATA LOST: buffered writes could not be reclaimed after the server failed this client; "+
-			"the next fsync or close of the file returns EIO", "ino", ino, "bytes", lostBytes, "err", err)
+		f.mu.Unlock()
 	}
+}
+
+// reclaimFile writes f's buffered data back if the file's version is still
+// the one it was based on (nobody else wrote it meanwhile); otherwise the
+// data is lost and reported. Called with f.mu held.
+func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile) {
+	if len(f.extents) == 0 {
+		return
+	}
+	var err error
+	version := f.base
+	for _, e := range latestOnly(f.extents) {
+		var rep *wire.Reply
+		rep, err = c.callWith(ctx, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off, Data: e.data,
+			Flags: wire.WriteIfVersion, Version: version}, nil, true)
+		if err != nil {
+			break
+		}
+		version = rep.Attr.Version
+	}
+	if err == nil {
+		c.Counters.ReclaimsOK.Add(1)
+		c.log.Info("reclaimed buffered writes after recovery", "ino", ino, "bytes", f.bytes)
+		return
+	}
+	c.Counters.ReclaimsRefused.Add(1)
+	c.Counters.DataLost.Add(1)
+	c.wb.mu.Lock()
+	c.wb.lost[ino]++
+	c.wb.mu.Unlock()
+	c.log.Error("DATA LOST: buffered writes could not be reclaimed after the server failed this client; "+
+		"the next fsync or close of the file returns EIO", "ino", ino, "bytes", f.bytes, "err", err)
 }

@@ -210,8 +210,10 @@ func TestFlockAcrossClients(t *testing.T) {
 }
 
 type clientStatus struct {
-	Requests int64
-	Hits     int64
+	Requests   int64
+	Hits       int64
+	DataLost   int64
+	ReclaimsOK int64
 }
 
 func mountStatus(t *testing.T, dir string) clientStatus {
