@@ -20,6 +20,9 @@ type entry struct {
 	revokedBelow uint64
 	attr         *wire.Attr
 	names        map[string]ids.Ino // directory entries; 0 caches "does not exist"
+	// complete: names holds every entry of the directory (the client made
+	// it, under its lock), so a name not in names does not exist.
+	complete bool
 }
 
 // Cache holds what the client may serve without asking the server.
@@ -93,7 +96,7 @@ func (c *Cache) Revoke(ino ids.Ino, to wire.LockMode, seq uint64) bool {
 		return false
 	}
 	if to == wire.LockNone {
-		e.mode, e.attr, e.names = wire.LockNone, nil, nil
+		e.mode, e.attr, e.names, e.complete = wire.LockNone, nil, nil, false
 	} else {
 		e.mode = to
 	}
@@ -146,6 +149,7 @@ func (c *Cache) SetEntry(parent ids.Ino, name string, child ids.Ino) {
 	}
 	if len(e.names) >= c.maxNames {
 		clear(e.names)
+		e.complete = false
 	}
 	e.names[name] = child
 }
@@ -157,6 +161,10 @@ func (c *Cache) Entry(parent ids.Ino, name string) (child ids.Ino, ok bool) {
 			c.hits++
 			return child, true
 		}
+		if e.complete {
+			c.hits++
+			return 0, true
+		}
 	}
 	c.misses++
 	return 0, false
@@ -165,7 +173,18 @@ func (c *Cache) Entry(parent ids.Ino, name string) (child ids.Ino, ok bool) {
 // InvalidateDir forgets a directory's cached entries and attributes.
 func (c *Cache) InvalidateDir(dir ids.Ino) {
 	if e := c.inodes[dir]; e != nil {
-		e.names, e.attr = nil, nil
+		e.names, e.attr, e.complete = nil, nil, false
+	}
+}
+
+// MarkComplete records that the client knows every entry of dir: it has
+// just created it, empty, and holds its lock.
+func (c *Cache) MarkComplete(dir ids.Ino) {
+	if e := c.inodes[dir]; e != nil && e.mode != wire.LockNone {
+		e.complete = true
+		if e.names == nil {
+			e.names = map[string]ids.Ino{}
+		}
 	}
 }
 

@@ -79,3 +79,25 @@ func TestBoundedEvictsAndReportsLocks(t *testing.T) {
 		t.Fatal("locks after DropAll")
 	}
 }
+
+func TestCompleteDirectory(t *testing.T) {
+	c := New(100)
+	c.MarkComplete(2)
+	if _, ok := c.Entry(2, "x"); ok {
+		t.Fatal("complete without a lock")
+	}
+	c.Granted(wire.Grant{Ino: 2, Mode: wire.LockExclusive, Seq: 1})
+	c.MarkComplete(2)
+	if ino, ok := c.Entry(2, "x"); !ok || ino != 0 {
+		t.Fatal("a name missing from a complete directory is not known absent")
+	}
+	c.SetEntry(2, "x", 9)
+	if ino, ok := c.Entry(2, "x"); !ok || ino != 9 {
+		t.Fatal("new entry not cached")
+	}
+	c.Revoke(2, wire.LockNone, 2)
+	c.Granted(wire.Grant{Ino: 2, Mode: wire.LockShared, Seq: 3})
+	if _, ok := c.Entry(2, "y"); ok {
+		t.Fatal("directory still complete after its lock was revoked")
+	}
+}

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"time"
 
 	"github.com/leasefs/leasefs/cache"
 
@@ -94,6 +95,9 @@ func (c *Client) createCall(ctx context.Context, req *wire.Request) (*wire.Attr,
 	rep, err := c.call(ctx, req, func(ch *cache.Cache, rep *wire.Reply) {
 		if rep.Attr != nil {
 			entryChanged(ch, req.Parent, req.Name, rep.Attr.Ino)
+			if req.Op == wire.OpMkdir {
+				ch.MarkComplete(rep.Attr.Ino) // empty, and ours under X
+			}
 		}
 	})
 	if err != nil {
@@ -319,4 +323,23 @@ func (c *Client) LockMode(ino ids.Ino) wire.LockMode {
 func (c *Client) ReleaseLockOwner(ctx context.Context, ino ids.Ino, owner uint64) error {
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpPosixLock, Ino: ino, Flags: wire.PosixReleaseOwner, Lk: wire.PosixLk{Owner: owner}})
 	return err
+}
+
+// maxKernelTTL bounds how long the kernel may keep attributes the client
+// gave it under a lock; a revocation invalidates them sooner (Invalidate).
+const maxKernelTTL = time.Second
+
+// AttrTTL is how long the kernel may cache ino's attributes: while the
+// client holds a lock on ino and, at most, until its lease could lapse.
+// Zero without a lock. (The kernel itself discards a reply that a
+// concurrent invalidation overtook: FUSE's attr_version.)
+func (c *Client) AttrTTL(ino ids.Ino) time.Duration {
+	var ttl time.Duration
+	c.cached(func(ch *cache.Cache) bool {
+		if mode, _ := ch.Mode(ino); mode != wire.LockNone {
+			ttl = min(maxKernelTTL, c.lease.Remaining(c.clk.Now())-c.lease.Config().RenewMargin)
+		}
+		return true
+	})
+	return max(ttl, 0)
 }

@@ -69,6 +69,7 @@ func fillAttr(a *wire.Attr, out *fuse.Attr) {
 func (n *Node) child(ctx context.Context, a *wire.Attr, out *fuse.EntryOut) *gofs.Inode {
 	fillAttr(a, &out.Attr)
 	out.NodeId = uint64(a.Ino)
+	out.SetAttrTimeout(n.c.AttrTTL(a.Ino))
 	return n.NewInode(ctx, &Node{c: n.c}, gofs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: uint64(a.Ino)})
 }
 
@@ -95,6 +96,7 @@ func (n *Node) Getattr(ctx context.Context, f gofs.FileHandle, out *fuse.AttrOut
 		return toErrno(err)
 	}
 	fillAttr(a, &out.Attr)
+	out.SetTimeout(n.c.AttrTTL(a.Ino))
 	return 0
 }
 
