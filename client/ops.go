@@ -124,6 +124,13 @@ func (c *Client) Create(ctx context.Context, parent ids.Ino, name string, mode, 
 	return c.createCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid, Rdev: rdev})
 }
 
+// CreateOpen makes a regular file and opens it in one round trip; the
+// caller releases it like any opened file.
+func (c *Client) CreateOpen(ctx context.Context, parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, error) {
+	return c.createCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid,
+		Flags: wire.CreateOpen})
+}
+
 // Mkdir makes a directory.
 func (c *Client) Mkdir(ctx context.Context, parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, error) {
 	return c.createCall(ctx, &wire.Request{Op: wire.OpMkdir, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid})

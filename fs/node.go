@@ -142,22 +142,24 @@ func (n *Node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 // Create makes and opens a regular file.
 func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	uid, gid := caller(ctx)
-	a, err := n.c.Create(ctx, n.ino(), name, mode|syscall.S_IFREG, uid, gid, 0)
-	openFlags := flags &^ uint32(syscall.O_TRUNC) // a new file is empty already
-	if wire.CodeOf(err) == wire.CodeExists && flags&syscall.O_EXCL == 0 {
-		openFlags = flags
-		// Another client created it since the kernel's lookup: O_CREAT
-		// without O_EXCL opens the existing file, as a local disk would.
-		a, err = n.c.Lookup(ctx, n.ino(), name)
-		if err == nil && a.Mode&syscall.S_IFMT == syscall.S_IFDIR {
-			return nil, nil, 0, syscall.EISDIR
-		}
+	a, err := n.c.CreateOpen(ctx, n.ino(), name, mode|syscall.S_IFREG, uid, gid)
+	if err == nil {
+		in := n.child(ctx, a, out)
+		return in, &fileHandle{n: in.Operations().(*Node), flags: flags}, fuse.FOPEN_DIRECT_IO, 0
 	}
-	if err != nil {
+	if wire.CodeOf(err) != wire.CodeExists || flags&syscall.O_EXCL != 0 {
 		return nil, nil, 0, toErrno(err)
 	}
+	// Another client created it since the kernel's lookup: O_CREAT
+	// without O_EXCL opens the existing file, as a local disk would.
+	if a, err = n.c.Lookup(ctx, n.ino(), name); err != nil {
+		return nil, nil, 0, toErrno(err)
+	}
+	if a.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+		return nil, nil, 0, syscall.EISDIR
+	}
 	in := n.child(ctx, a, out)
-	fh, fuseFlags, errno := in.Operations().(*Node).Open(ctx, openFlags)
+	fh, fuseFlags, errno := in.Operations().(*Node).Open(ctx, flags)
 	if errno != 0 {
 		return nil, nil, 0, errno
 	}

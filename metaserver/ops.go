@@ -140,7 +140,13 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		rep := s.underLocks(ctx, sess, exclusive(r.Parent), func() *wire.Reply {
 			switch r.Op {
 			case wire.OpCreate:
-				return attrReply(st.Create(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, r.Rdev, now))
+				a, err := st.Create(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, r.Rdev, now)
+				if err == nil && r.Flags&wire.CreateOpen != 0 {
+					// Counted while the parent's X lock keeps anyone
+					// from unlinking the new file.
+					s.openHandle(sess, a.Ino)
+				}
+				return attrReply(a, err)
 			case wire.OpMkdir:
 				return attrReply(st.Mkdir(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, now))
 			}

@@ -83,6 +83,10 @@ const (
 	WriteIfVersion
 )
 
+// CreateOpen in an OpCreate request's Flags also opens the new file (one
+// round trip for open(O_CREAT)).
+const CreateOpen uint32 = 1
+
 // PosixReleaseOwner in an OpPosixLock request's Flags drops every lock of
 // Lk.Owner on the inode (its file was closed).
 const PosixReleaseOwner uint32 = 1
