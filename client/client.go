@@ -80,6 +80,8 @@ type Client struct {
 	// Invalidate, set by fs before mounting, drops the kernel's caches of
 	// an inode (page cache and attributes). Called without locks held.
 	Invalidate func(ino ids.Ino)
+	// PathOf, set by fs, names an inode for log messages ("" if unknown).
+	PathOf func(ino ids.Ino) string
 
 	mu      sync.Mutex
 	session wire.Session
@@ -107,7 +109,8 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	_, _ = rand.Read(b[:])
 	host, _ := os.Hostname()
 	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:])),
-		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), Invalidate: func(ids.Ino) {}}
+		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), Invalidate: func(ids.Ino) {},
+		PathOf: func(ids.Ino) string { return "" }}
 	c.tr = transport.NewClient(cfg.Server, transport.ClientConfig{
 		Token: cfg.Token, ClientID: c.id, Hostname: host, Logger: cfg.Logger,
 		Faults: cfg.Faults, Callback: c.onCallback, DialTimeout: cfg.DialTimeout,

@@ -373,7 +373,7 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile) {
 	}
 	if err == nil {
 		c.Counters.ReclaimsOK.Add(1)
-		c.log.Info("reclaimed buffered writes after recovery", "ino", ino, "bytes", f.bytes)
+		c.log.Info("reclaimed buffered writes after recovery", "path", c.PathOf(ino), "ino", ino, "bytes", f.bytes)
 		return
 	}
 	c.Counters.ReclaimsRefused.Add(1)
@@ -382,5 +382,5 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile) {
 	c.wb.lost[ino]++
 	c.wb.mu.Unlock()
 	c.log.Error("DATA LOST: buffered writes could not be reclaimed after the server failed this client; "+
-		"the next fsync or close of the file returns EIO", "ino", ino, "bytes", f.bytes, "err", err)
+		"the next fsync or close of the file returns EIO", "path", c.PathOf(ino), "ino", ino, "bytes", f.bytes, "err", err)
 }

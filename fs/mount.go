@@ -3,6 +3,7 @@ package fs
 import (
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -20,7 +21,7 @@ type MountOptions struct {
 // Mount mounts the leasefs client c at dir and returns the running FUSE
 // server; the caller waits on it and unmounts it.
 func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
-	root := &Node{c: c}
+	root := &Node{c: c, known: &sync.Map{}}
 	// Zero timeouts until a data lock covers what the kernel caches: another
 	// client may change any entry or attribute at any moment.
 	var zero time.Duration
@@ -52,6 +53,12 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 	srv, err := gofs.Mount(dir, root, opts)
 	if err != nil {
 		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
+	}
+	c.PathOf = func(ino ids.Ino) string {
+		if v, ok := root.known.Load(ino); ok {
+			return "/" + v.(*Node).Path(nil)
+		}
+		return ""
 	}
 	c.Invalidate = func(ino ids.Ino) {
 		// Pages and attributes; ENOENT only means the kernel has

@@ -6,6 +6,7 @@ package fs
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"syscall"
 	"time"
 
@@ -24,8 +25,14 @@ const StatusXattr = "user.leasefs.status"
 // Node is one leasefs inode as the kernel sees it.
 type Node struct {
 	gofs.Inode
-	c *client.Client
+	c     *client.Client
+	known *sync.Map // ino → *Node the kernel knows, for log messages with paths
 }
+
+var _ = (gofs.NodeOnForgetter)((*Node)(nil))
+
+// OnForget: the kernel dropped the inode.
+func (n *Node) OnForget() { n.known.Delete(n.ino()) }
 
 var (
 	_ = (gofs.NodeLookuper)((*Node)(nil))
@@ -70,7 +77,10 @@ func (n *Node) child(ctx context.Context, a *wire.Attr, out *fuse.EntryOut) *gof
 	fillAttr(a, &out.Attr)
 	out.NodeId = uint64(a.Ino)
 	out.SetAttrTimeout(n.c.AttrTTL(a.Ino))
-	return n.NewInode(ctx, &Node{c: n.c}, gofs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: uint64(a.Ino)})
+	child := &Node{c: n.c, known: n.known}
+	in := n.NewInode(ctx, child, gofs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: uint64(a.Ino)})
+	n.known.LoadOrStore(a.Ino, in.Operations())
+	return in
 }
 
 func caller(ctx context.Context) (uid, gid uint32) {

@@ -42,7 +42,7 @@ func TestLeaseLostDirtyData(t *testing.T) {
 	}
 	wantFile(t, path, []byte("B-WROTE-THIS"))
 	waitFor(t, 5*time.Second, "A to log the loss", func() bool {
-		return strings.Contains(a.output(), "DATA LOST")
+		return strings.Contains(a.output(), "DATA LOST") && strings.Contains(a.output(), "path=/f ")
 	})
 	if st := mountStatus(t, a.dir); st.DataLost != 1 {
 		t.Fatalf("A counts %d losses, want 1", st.DataLost)
