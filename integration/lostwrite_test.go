@@ -17,18 +17,9 @@ import (
 // and counted, A reads B's data, never its own stale bytes, and the same
 // handle works normally afterwards.
 func TestLeaseLostDirtyData(t *testing.T) {
-	s := startServer(t, "--client-lease", "1s", "--delivery-timeout", "250ms")
-	a, b := startMount(t, s), startMount(t, s)
+	a, b, f := frozenWithBufferedWrites(t)
 	path := filepath.Join(a.dir, "f")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	must(t, err)
-	defer f.Close()
-	_, err = f.WriteAt([]byte("first"), 0) // write-through: brings the X lock
-	must(t, err)
-	_, err = f.WriteAt([]byte("A-BUFFERED"), 0) // buffered under X
-	must(t, err)
-	a.signal(syscall.SIGSTOP)
-	waitStopped(t, a.proc)
+	var err error
 
 	_, err = within(t, 20*time.Second, "B's write", func() error {
 		return os.WriteFile(filepath.Join(b.dir, "f"), []byte("B-WROTE-THIS"), 0o644)
@@ -57,18 +48,8 @@ func TestLeaseLostDirtyData(t *testing.T) {
 // TestLeaseReclaimDirtyData: as above, but nobody touches the file while A
 // is failed: A reclaims its buffered writes and nothing is lost.
 func TestLeaseReclaimDirtyData(t *testing.T) {
-	s := startServer(t, "--client-lease", "1s", "--delivery-timeout", "250ms")
-	a, b := startMount(t, s), startMount(t, s)
-	path := filepath.Join(a.dir, "f")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	must(t, err)
-	defer f.Close()
-	_, err = f.WriteAt([]byte("first"), 0)
-	must(t, err)
-	_, err = f.WriteAt([]byte("A-BUFFERED"), 0)
-	must(t, err)
-	a.signal(syscall.SIGSTOP)
-	waitStopped(t, a.proc)
+	a, b, f := frozenWithBufferedWrites(t)
+	var err error
 	// B touches another file only, but the server must still fail A: make
 	// B want A's lock on the directory by creating a file there.
 	_, err = within(t, 20*time.Second, "B's create", func() error {
@@ -83,4 +64,22 @@ func TestLeaseReclaimDirtyData(t *testing.T) {
 	if st := mountStatus(t, a.dir); st.DataLost != 0 || st.ReclaimsOK < 1 {
 		t.Fatalf("A: %+v, want a reclaim and no loss", st)
 	}
+}
+
+// frozenWithBufferedWrites starts a server (τ = 1 s) and mounts A and B; A
+// opens f, writes through once (which brings the X lock), then buffers
+// "A-BUFFERED" under that lock and is frozen before it flushes.
+func frozenWithBufferedWrites(t *testing.T) (a, b *mount, f *os.File) {
+	s := startServer(t, "--client-lease", "1s", "--delivery-timeout", "250ms")
+	a, b = startMount(t, s), startMount(t, s)
+	f, err := os.OpenFile(filepath.Join(a.dir, "f"), os.O_CREATE|os.O_RDWR, 0o644)
+	must(t, err)
+	t.Cleanup(func() { f.Close() })
+	_, err = f.WriteAt([]byte("first"), 0) // write-through: brings the X lock
+	must(t, err)
+	_, err = f.WriteAt([]byte("A-BUFFERED"), 0) // buffered under X
+	must(t, err)
+	a.signal(syscall.SIGSTOP)
+	waitStopped(t, a.proc)
+	return a, b, f
 }
