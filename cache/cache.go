@@ -28,6 +28,7 @@ type entry struct {
 // Cache holds what the client may serve without asking the server.
 type Cache struct {
 	inodes   map[ids.Ino]*entry
+	locked   int // entries with a lock, so HoldsLocks is O(1) on the renewal tick
 	max      int
 	evicted  []wire.Grant
 	hits     int64
@@ -38,6 +39,18 @@ type Cache struct {
 // New returns a cache holding at most maxInodes locked inodes.
 func New(maxInodes int) *Cache {
 	return &Cache{inodes: map[ids.Ino]*entry{}, max: maxInodes, maxNames: 10000}
+}
+
+// setMode changes e's lock mode, keeping the count of locked entries.
+func (c *Cache) setMode(e *entry, m wire.LockMode) {
+	if (e.mode != wire.LockNone) != (m != wire.LockNone) {
+		if m != wire.LockNone {
+			c.locked++
+		} else {
+			c.locked--
+		}
+	}
+	e.mode = m
 }
 
 func (c *Cache) get(ino ids.Ino) *entry {
@@ -57,7 +70,8 @@ func (c *Cache) Granted(g wire.Grant) bool {
 		return false
 	}
 	if g.Seq >= e.seq { // the newest grant says what the server believes we hold
-		e.mode, e.seq = g.Mode, g.Seq
+		c.setMode(e, g.Mode)
+		e.seq = g.Seq
 	}
 	c.evictIfFull(g.Ino)
 	return true
@@ -74,6 +88,7 @@ func (c *Cache) evictIfFull(keep ids.Ino) {
 			if e.mode != wire.LockNone {
 				c.evicted = append(c.evicted, wire.Grant{Ino: ino, Mode: e.mode, Seq: e.seq})
 			}
+			c.setMode(e, wire.LockNone)
 			delete(c.inodes, ino)
 			break
 		}
@@ -96,9 +111,10 @@ func (c *Cache) Revoke(ino ids.Ino, to wire.LockMode, seq uint64) bool {
 		return false
 	}
 	if to == wire.LockNone {
-		e.mode, e.attr, e.names, e.complete = wire.LockNone, nil, nil, false
+		c.setMode(e, wire.LockNone)
+		e.attr, e.names, e.complete = nil, nil, false
 	} else {
-		e.mode = to
+		c.setMode(e, to)
 	}
 	return true
 }
@@ -196,6 +212,7 @@ func (c *Cache) DropAll() []ids.Ino {
 		out = append(out, ino)
 	}
 	clear(c.inodes)
+	c.locked = 0
 	c.evicted = nil
 	return out
 }
@@ -213,14 +230,7 @@ func (c *Cache) Locks() []wire.Grant {
 
 // HoldsLocks reports whether any lock is held: only then does the client
 // renew its lease explicitly.
-func (c *Cache) HoldsLocks() bool {
-	for _, e := range c.inodes {
-		if e.mode != wire.LockNone {
-			return true
-		}
-	}
-	return false
-}
+func (c *Cache) HoldsLocks() bool { return c.locked > 0 }
 
 // Stats returns cache hits, misses and cached inodes.
 func (c *Cache) Stats() (hits, misses int64, inodes int) { return c.hits, c.misses, len(c.inodes) }

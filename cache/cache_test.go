@@ -25,6 +25,9 @@ func TestGrantRevokeOrdering(t *testing.T) {
 	if _, ok := c.Attr(5); ok {
 		t.Fatal("attr served after revocation")
 	}
+	if c.HoldsLocks() {
+		t.Fatal("HoldsLocks after the only lock was revoked")
+	}
 	if c.Granted(wire.Grant{Ino: 5, Mode: wire.LockShared, Seq: 3}) {
 		t.Fatal("a grant overtaken by its revocation resurrected the lock")
 	}

@@ -315,17 +315,6 @@ func (c *Client) PosixLock(ctx context.Context, ino ids.Ino, lk wire.PosixLk) (*
 	return rep.Lk, nil
 }
 
-// LockMode returns the data lock the client holds on ino while its lease is
-// valid.
-func (c *Client) LockMode(ino ids.Ino) wire.LockMode {
-	mode := wire.LockNone
-	c.cached(func(ch *cache.Cache) bool {
-		mode, _ = ch.Mode(ino)
-		return true
-	})
-	return mode
-}
-
 // ReleaseLockOwner drops every POSIX and flock lock of owner on ino.
 func (c *Client) ReleaseLockOwner(ctx context.Context, ino ids.Ino, owner uint64) error {
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpPosixLock, Ino: ino, Flags: wire.PosixReleaseOwner, Lk: wire.PosixLk{Owner: owner}})

@@ -270,8 +270,6 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 				}
 			}
 			if r.Flags&wire.WriteAppend != 0 {
-				s.appendMu.Lock()
-				defer s.appendMu.Unlock()
 				a, err := st.GetAttr(r.Ino)
 				if err != nil {
 					return wire.ErrorReply(err)

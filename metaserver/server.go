@@ -88,10 +88,10 @@ type Server struct {
 	mu       sync.Mutex
 	sessions map[ids.ClientID]*session
 	opens    map[ids.Ino]int // open handles over all sessions, to keep unlinked files
-	appendMu sync.Mutex      // makes an O_APPEND write's size read and write one step
 	// writeMu serialises writes per inode (striped): each write updates the
 	// inode's attributes, so concurrent writes of one file would only make
-	// badger transactions conflict and retry.
+	// badger transactions conflict and retry; it also makes an O_APPEND
+	// write's size read and write one step.
 	writeMu [64]sync.Mutex
 	lm      *lockMgr
 
