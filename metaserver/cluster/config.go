@@ -56,6 +56,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Clock is the node's monotonic clock; nil means clock.Real.
 	Clock clock.Clock
+
+	// unsafe breaks the core on purpose, so that the tests can show their
+	// checker catches it (test the tester); unexported, never set otherwise.
+	unsafe paxos.Unsafe
 }
 
 // DefaultConfig returns DESIGN.md's defaults (T = 2 s, δ = 0.05) for server
@@ -118,6 +122,7 @@ func (c *Config) paxosConfig(boot uint16) paxos.Config {
 		MaxDelay:     c.MaxDelay,
 		Quarantine:   c.Quarantine,
 		RetryBackoff: c.RetryBackoff,
+		Unsafe:       c.unsafe,
 	}
 }
 

@@ -302,6 +302,13 @@ func (sm *sampler) check(ino ids.Ino, bs []belief) {
 
 // finish stops the sampler and reports violations; safe to call twice.
 func (sm *sampler) finish() {
+	for _, e := range sm.violations() {
+		sm.c.t.Error(e)
+	}
+}
+
+// violations stops the sampler and returns (and forgets) what it found.
+func (sm *sampler) violations() []string {
 	select {
 	case <-sm.stop:
 	default:
@@ -310,8 +317,7 @@ func (sm *sampler) finish() {
 	<-sm.done
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
-	for _, e := range sm.errs {
-		sm.c.t.Error(e)
-	}
+	errs := sm.errs
 	sm.errs = nil
+	return errs
 }

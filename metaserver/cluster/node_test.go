@@ -3,12 +3,14 @@ package cluster
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/transport"
 )
 
 func inoRange(from, n int) []ids.Ino {
@@ -456,4 +458,98 @@ func TestAcquireCancel(t *testing.T) {
 	if _, ok := n.Owns(801); ok {
 		t.Fatal("closed node owns")
 	}
+}
+
+// TestNemesis runs all three servers over lossy links (drop, duplicate,
+// reorder, jitter) while they compete for a few inodes and a nemesis cuts
+// one server off at a time; the sampler checks invariant 1 throughout. Then
+// the faults stop and every inode must get an owner again.
+func TestNemesis(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	for _, s := range c.servers {
+		s.faults.Set(transport.FaultSpec{Drop: 0.05, Dup: 0.05, Reorder: 0.05, Jitter: 2 * time.Millisecond})
+	}
+	c.waitReady()
+	inos := inoRange(1100, 6)
+	sm := c.sample(inos)
+	const seed = 1
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for id := ids.ServerID(1); id <= 3; id++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(id)))
+			n := c.node(id)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ino := inos[rng.IntN(len(inos))]
+				ctx, cancel := context.WithTimeout(context.Background(), testLease/2)
+				n.Acquire(ctx, ino)
+				cancel()
+				n.Touch(ino)
+				time.Sleep(time.Duration(rng.IntN(10)) * time.Millisecond)
+			}
+		}()
+	}
+	rng := rand.New(rand.NewPCG(seed, 0))
+	end := time.Now().Add(4 * time.Second)
+	cuts := 0
+	for time.Now().Before(end) {
+		s := c.servers[ids.ServerID(1+rng.IntN(3))]
+		s.faults.Cut(true)
+		cuts++
+		time.Sleep(testLease + time.Duration(rng.IntN(int(testLease))))
+		s.faults.Cut(false)
+		time.Sleep(time.Duration(rng.IntN(int(testLease))))
+	}
+	close(stop)
+	wg.Wait()
+	for _, s := range c.servers {
+		s.faults.Set(transport.FaultSpec{})
+	}
+	for _, ino := range inos {
+		eventually(t, 10*time.Second, "an owner after the faults", func() bool {
+			for id := ids.ServerID(1); id <= 3; id++ {
+				ctx, cancel := context.WithTimeout(context.Background(), testLease)
+				_, err := c.node(id).Acquire(ctx, ino)
+				cancel()
+				if err == nil {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	sm.finish()
+	for id := ids.ServerID(1); id <= 3; id++ {
+		st := c.node(id).Stats()
+		t.Logf("%v: acquires %d, losses %d, frames sent %d, send errors %d", id, st.Acquires, st.Losses, st.MsgsSent, st.SendErrors)
+	}
+	t.Logf("%d cuts; sampler: %d samples, %d with an owner", cuts, sm.samples.Load(), sm.owned.Load())
+}
+
+// TestSamplerCatchesBrokenCore tests the tester: with a core that believes
+// an extension before its accept quorum (paxos.Unsafe.ExtendWithoutQuorum),
+// a cut-off owner keeps believing while the majority acquires, and the
+// sampler must say so.
+func TestSamplerCatchesBrokenCore(t *testing.T) {
+	c := newCluster(t, 3, func(cfg *Config) { cfg.unsafe.ExtendWithoutQuorum = true })
+	c.waitReady()
+	const ino = ids.Ino(1200)
+	sm := c.sample([]ids.Ino{ino})
+	acquireRetry(t, c.node(1), ino, 5*time.Second)
+	c.servers[1].faults.Cut(true)
+	acquireRetry(t, c.node(2), ino, 10*time.Second)
+	eventually(t, 5*time.Second, "sampler sees the double owner", func() bool {
+		sm.mu.Lock()
+		defer sm.mu.Unlock()
+		return len(sm.errs) > 0
+	})
+	v := sm.violations()
+	t.Logf("%d violations, first: %s", len(v), v[0])
 }
