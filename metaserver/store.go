@@ -30,6 +30,7 @@ import (
 //	'K' ino chunk(8)        file data chunk: up to ChunkSize bytes, never past Size
 //	'X' ino name            extended attribute value
 //	'L' ino                 symlink target
+//	'E' ino                 replication state: ownership epoch, version (store_repl.go)
 //	'S' MakeIno(server, 0)  the server's inode counter (server-local, never replicated)
 //
 // Records belong to exactly one inode (DESIGN.md), so ownership and
@@ -41,6 +42,7 @@ const (
 	recChunk   = 'K'
 	recXattr   = 'X'
 	recSymlink = 'L'
+	recRepl    = 'E'
 	recServer  = 'S'
 )
 
@@ -133,6 +135,13 @@ type StoreOptions struct {
 	// records it wrote, in order (the replication seam). Values are valid only
 	// during the call. Called on the operation's goroutine.
 	OnCommit func(writes []Write)
+	// OwnerEpoch, if set, makes every operation after OpenStore an owner's
+	// change: before it commits, every inode it wrote is fenced with the
+	// epoch OwnerEpoch returns for it (an error fails the operation, nothing
+	// is written) and its 'E' record is stamped with its next version, in
+	// the same transaction (store_repl.go). OnCommit sees the stamps;
+	// SplitByInode turns the writes into ReplicaChanges.
+	OwnerEpoch func(ino ids.Ino) (ids.Epoch, error)
 
 	// valueThreshold overrides where values go (LSM below, value log at or
 	// above); for the benchmark that chose the default.
@@ -170,6 +179,7 @@ type Store struct {
 	dir      string
 	lock     *os.File
 	onCommit func([]Write)
+	ownerEp  func(ids.Ino) (ids.Epoch, error) // set after init: root and orphan purge are local
 
 	inoMu    sync.Mutex
 	nextIno  uint64 // next counter value to hand out
@@ -251,6 +261,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		s.unlock()
 		return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
 	}
+	s.ownerEp = opts.OwnerEpoch
 	if opts.InMemory {
 		close(s.done)
 	} else {
@@ -465,7 +476,10 @@ func (s *Store) update(fn func(tx *Tx) error) (*Tx, error) {
 			if err := fn(tx); err != nil {
 				return err
 			}
-			return tx.flush()
+			if err := tx.flush(); err != nil {
+				return err
+			}
+			return tx.stampOwned(s.ownerEp)
 		})
 		if err != errConflict {
 			break
