@@ -189,6 +189,29 @@ func (n *Node) Close() error {
 	return nil
 }
 
+// Shutdown hands every held lease over (Release) so that other servers can
+// acquire at once, waits until the releases are sent or ctx ends, then
+// closes the node. Use it for a graceful stop; Close is a crash.
+func (n *Node) Shutdown(ctx context.Context) error {
+	err := n.query(func(now clock.Time) {
+		for ino := range n.held {
+			n.core.Release(now, ino)
+			n.dirty = true
+		}
+		for ino, ws := range n.waiters {
+			for _, w := range ws {
+				w <- acqResult{err: ErrClosed}
+			}
+			delete(n.waiters, ino)
+		}
+	})
+	if err == nil {
+		err = n.peers.flush(ctx)
+	}
+	n.Close()
+	return err
+}
+
 // OnLost registers fn to be told of every Loss, in order, on a goroutine of
 // the node's (so fn may block briefly, but not call Close).
 func (n *Node) OnLost(fn func(Loss)) {

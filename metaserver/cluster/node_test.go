@@ -558,3 +558,53 @@ func TestSamplerCatchesBrokenCore(t *testing.T) {
 	v := sm.violations()
 	t.Logf("%d violations, first: %s", len(v), v[0])
 }
+
+// TestShutdown: a graceful stop releases, so another server acquires at once
+// rather than after the lease runs out.
+func TestShutdown(t *testing.T) {
+	c := newCluster(t, 3, func(cfg *Config) { cfg.LeaseTime = time.Second })
+	c.waitReady()
+	inos := inoRange(1300, 5)
+	for _, ino := range inos {
+		acquireRetry(t, c.node(1), ino, 5*time.Second)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := c.node(1).Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.kill(1)
+	for _, ino := range inos {
+		acquireRetry(t, c.node(2), ino, 5*time.Second)
+	}
+	took := time.Since(start)
+	t.Logf("shutdown and hand-over of %d inodes: %v (T = 1s)", len(inos), took)
+	if took > 700*time.Millisecond {
+		t.Fatalf("hand-over after Shutdown took %v: the leases were not released", took)
+	}
+}
+
+// BenchmarkOwns measures the ownership check the metaserver makes before
+// every change: a round trip through the node's goroutine.
+func BenchmarkOwns(b *testing.B) {
+	cfg := DefaultConfig(1, map[ids.ServerID]string{1: ""}, b.TempDir(), testIdentity(b).TokenValue())
+	cfg.LeaseTime = testLease
+	n, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer n.Close()
+	for n.Quarantined() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := n.Acquire(context.Background(), 7); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, ok := n.Owns(7); !ok {
+			b.Fatal("lost")
+		}
+	}
+}

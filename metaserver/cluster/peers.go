@@ -83,6 +83,7 @@ type link struct {
 	mu      sync.Mutex
 	pending []paxos.Entry
 	since   clock.Time // when the oldest pending entry was queued
+	sending bool       // the sender holds a batch
 }
 
 func newPeers(cfg *Config, boot uint16, st *counters) *Peers {
@@ -214,7 +215,7 @@ func (p *Peers) sendLoop(l *link) {
 		}
 		l.mu.Lock()
 		es, since := l.pending, l.since
-		l.pending = nil
+		l.pending, l.sending = nil, true
 		l.mu.Unlock()
 		es = p.dropStaleLearns(es, since)
 		for len(es) > 0 && p.ctx.Err() == nil {
@@ -224,7 +225,31 @@ func (p *Peers) sendLoop(l *link) {
 			buf = appendPaxosFrame(buf[:0], &m)
 			p.sendFrame(l, buf, n)
 		}
+		l.mu.Lock()
+		l.sending = false
+		l.mu.Unlock()
 	}
+}
+
+// flush waits until every queued PaxosLease message has been sent (or
+// given up on), or ctx ends.
+func (p *Peers) flush(ctx context.Context) error {
+	for _, l := range p.links {
+		for {
+			l.mu.Lock()
+			idle := len(l.pending) == 0 && !l.sending
+			l.mu.Unlock()
+			if idle {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("cluster: flush to %v: %w", l.id, ctx.Err())
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+	return nil
 }
 
 // dropStaleLearns removes Learn entries that waited in the queue for more
