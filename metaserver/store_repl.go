@@ -246,8 +246,9 @@ func (c *ReplicaChange) validate() error {
 	return nil
 }
 
-// SplitByInode splits the writes of one committed operation (OnCommit's, or
-// Update's) into one ReplicaChange per inode, in ascending inode order, each
+// SplitByInode splits the writes of one committed operation (call it inside
+// OnCommit: Update's returned values may be recycled buffers by the time it
+// returns) into one ReplicaChange per inode, in ascending inode order, each
 // keeping its writes' order. Epoch and Version come from the inode's 'E'
 // stamp among the writes (zero if the store is not in owner mode, and then
 // ApplyReplica refuses the change). 'S' records are dropped. The result is a
@@ -351,7 +352,7 @@ func (s *Store) ApplyReplica(changes []ReplicaChange) error {
 					return err
 				}
 			}
-			if err := tx.kv.set(tx.key(recRepl, c.Ino, nil), replState{c.Epoch, c.Version}.encode(nil)); err != nil {
+			if err := tx.kv.set(tx.key(recRepl, c.Ino, nil), replState{c.Epoch, c.Version}.encode(make([]byte, 0, replSize))); err != nil {
 				return err
 			}
 			wrote = true
@@ -499,7 +500,7 @@ func (s *Store) ReplaceInode(snap InodeSnapshot, epoch ids.Epoch) error {
 			}
 		}
 		wrote = true
-		return tx.kv.set(tx.key(recRepl, snap.Ino, nil), replState{epoch, snap.Version}.encode(nil))
+		return tx.kv.set(tx.key(recRepl, snap.Ino, nil), replState{epoch, snap.Version}.encode(make([]byte, 0, replSize)))
 	})
 	if err != nil {
 		return fmt.Errorf("metaserver: replace %v: %w", snap.Ino, err)

@@ -476,8 +476,10 @@ func TestReplAntiEntropy(t *testing.T) {
 	}
 	sameChecksums(t, a, b)
 	for _, pair := range [][2]*Store{{a.s, b.s}, {b.s, a.s}} {
-		if fetch, diverged, _, _ := antiEntropy(t, pair[0], pair[1], 5); len(fetch)+len(diverged) != 0 {
-			t.Fatalf("converged stores differ: fetch %v diverged %v", fetch, diverged)
+		for _, max := range []int{1, 5} {
+			if fetch, diverged, pages, _ := antiEntropy(t, pair[0], pair[1], max); len(fetch)+len(diverged) != 0 || max == 1 && pages != 13 {
+				t.Fatalf("converged stores differ: fetch %v diverged %v (%d pages)", fetch, diverged, pages)
+			}
 		}
 	}
 	if got := must[[]byte](t)(b.s.Read(files[3].Ino, 0, 10)); string(got) != "three" {
@@ -625,6 +627,7 @@ func TestReplRestart(t *testing.T) {
 // Run: go test ./metaserver -run '^$' -bench ApplyReplica -benchmem
 //
 // Every apply is one synced transaction, so the disk's flush time dominates.
+// baseline is the same records through Apply and Sync, without fencing.
 func BenchmarkApplyReplica(b *testing.B) {
 	attr := (&inode{Attr: Attr{Mode: reg | 0o644, Nlink: 1}}).encode(nil)
 	for _, bc := range []struct {
@@ -632,29 +635,50 @@ func BenchmarkApplyReplica(b *testing.B) {
 		inos  int
 		chunk int
 	}{{"attr", 1, 0}, {"attr+4KiB", 1, 4 << 10}, {"attr+64KiB", 1, ChunkSize}, {"3inodes", 3, 0}} {
-		b.Run(bc.name, func(b *testing.B) {
-			s := newStore(b)
-			chunk := make([]byte, bc.chunk)
-			changes := make([]ReplicaChange, bc.inos)
-			tx := &Tx{}
-			for i := range changes {
-				ino := ids.MakeIno(2, uint64(i+1))
-				changes[i] = ReplicaChange{Ino: ino, Epoch: 1,
-					Writes: []Write{{Key: tx.key(recAttr, ino, nil), Value: attr}}}
-				if bc.chunk > 0 {
-					changes[i].Writes = append(changes[i].Writes, Write{Key: tx.key64(recChunk, ino, 0), Value: chunk})
-				}
+		for _, baseline := range []bool{true, false} {
+			name := bc.name + "/replica"
+			if baseline {
+				name = bc.name + "/baseline"
 			}
-			b.SetBytes(int64(bc.inos * (len(attr) + bc.chunk)))
-			b.ReportAllocs()
-			for v := uint64(1); b.Loop(); v++ {
+			b.Run(name, func(b *testing.B) {
+				s := newStore(b)
+				chunk := make([]byte, bc.chunk)
+				changes := make([]ReplicaChange, bc.inos)
+				tx := &Tx{}
 				for i := range changes {
-					changes[i].Version = v
+					ino := ids.MakeIno(2, uint64(i+1))
+					changes[i] = ReplicaChange{Ino: ino, Epoch: 1,
+						Writes: []Write{{Key: tx.key(recAttr, ino, nil), Value: attr}}}
+					if bc.chunk > 0 {
+						changes[i].Writes = append(changes[i].Writes, Write{Key: tx.key64(recChunk, ino, 0), Value: chunk})
+					}
 				}
-				if err := s.ApplyReplica(changes); err != nil {
-					b.Fatal(err)
+				b.SetBytes(int64(bc.inos * (len(attr) + bc.chunk)))
+				b.ReportAllocs()
+				if baseline {
+					var writes []Write
+					for _, c := range changes {
+						writes = append(writes, c.Writes...)
+					}
+					for b.Loop() {
+						if err := s.Apply(writes); err != nil {
+							b.Fatal(err)
+						}
+						if err := s.Sync(); err != nil {
+							b.Fatal(err)
+						}
+					}
+					return
 				}
-			}
-		})
+				for v := uint64(1); b.Loop(); v++ {
+					for i := range changes {
+						changes[i].Version = v
+					}
+					if err := s.ApplyReplica(changes); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }
