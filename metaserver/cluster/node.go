@@ -97,8 +97,13 @@ type Node struct {
 	core    *paxos.Node
 	held    map[ids.Ino]*holding
 	waiters map[ids.Ino][]chan acqResult
-	timer   *time.Timer
-	dirty   bool // the core was called after the last Ready
+	// abandoned: inodes whose Acquires all gave up (ctx) while the core was
+	// still trying; the core keeps wanting them until the time given, so
+	// that a retried Acquire inherits its backoff instead of starting an
+	// attempt at once (which would outbid the owner's renewals)
+	abandoned map[ids.Ino]clock.Time
+	timer     *time.Timer
+	dirty     bool // the core was called after the last Ready
 
 	useMu   sync.Mutex
 	touched map[ids.Ino]struct{}
@@ -128,22 +133,23 @@ func New(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	n := &Node{
-		cfg:      cfg,
-		boot:     boot,
-		clk:      cfg.Clock,
-		log:      cfg.Logger.With("server", cfg.ID),
-		st:       &counters{},
-		start:    now,
-		inbox:    make(chan paxos.Message, inboxSize),
-		reqs:     make(chan func(clock.Time)),
-		done:     make(chan struct{}),
-		loopDone: make(chan struct{}),
-		core:     core,
-		held:     map[ids.Ino]*holding{},
-		waiters:  map[ids.Ino][]chan acqResult{},
-		touched:  map[ids.Ino]struct{}{},
-		pins:     map[ids.Ino]int{},
-		lossWake: make(chan struct{}, 1),
+		cfg:       cfg,
+		boot:      boot,
+		clk:       cfg.Clock,
+		log:       cfg.Logger.With("server", cfg.ID),
+		st:        &counters{},
+		start:     now,
+		inbox:     make(chan paxos.Message, inboxSize),
+		reqs:      make(chan func(clock.Time)),
+		done:      make(chan struct{}),
+		loopDone:  make(chan struct{}),
+		core:      core,
+		held:      map[ids.Ino]*holding{},
+		waiters:   map[ids.Ino][]chan acqResult{},
+		abandoned: map[ids.Ino]clock.Time{},
+		touched:   map[ids.Ino]struct{}{},
+		pins:      map[ids.Ino]int{},
+		lossWake:  make(chan struct{}, 1),
 	}
 	n.peers = newPeers(&cfg, boot, n.st)
 	n.timer = time.NewTimer(time.Hour)
@@ -249,6 +255,7 @@ func (n *Node) Acquire(ctx context.Context, ino ids.Ino) (ids.Epoch, error) {
 			return
 		}
 		n.waiters[ino] = append(n.waiters[ino], res)
+		delete(n.abandoned, ino)
 		n.core.Acquire(now, ino)
 		n.dirty = true
 		n.check(now, ino) // a one-server cluster acquires at once
@@ -261,8 +268,8 @@ func (n *Node) Acquire(ctx context.Context, ino ids.Ino) (ids.Epoch, error) {
 		return r.epoch, r.err
 	case <-ctx.Done():
 	}
-	// Give up: stop wanting ino unless another Acquire waits for it or we
-	// hold it (then the idle timer releases it).
+	// Give up. Unless another Acquire waits for ino or we hold it (then
+	// the idle timer releases it), stop wanting it after a lease.
 	n.query(func(now clock.Time) {
 		ws := n.waiters[ino]
 		if i := slices.Index(ws, res); i >= 0 {
@@ -273,8 +280,7 @@ func (n *Node) Acquire(ctx context.Context, ino ids.Ino) (ids.Epoch, error) {
 			}
 			delete(n.waiters, ino)
 			if n.held[ino] == nil {
-				n.core.Release(now, ino)
-				n.dirty = true
+				n.abandoned[ino] = now.Add(n.cfg.LeaseTime)
 			}
 		}
 	})
@@ -346,6 +352,7 @@ func (n *Node) Release(ino ids.Ino) {
 			w <- acqResult{err: ErrReleased}
 		}
 		delete(n.waiters, ino)
+		delete(n.abandoned, ino)
 	})
 }
 
@@ -532,6 +539,7 @@ func (n *Node) onEvent(now clock.Time, e paxos.Event) {
 	switch e.Kind {
 	case paxos.Acquired:
 		n.st.acquires.Add(1)
+		delete(n.abandoned, e.Ino) // held now: the idle timer takes over
 		if n.held[e.Ino] == nil {
 			n.st.held.Add(1)
 		}
@@ -547,6 +555,7 @@ func (n *Node) onEvent(now clock.Time, e paxos.Event) {
 			// inode) when it next needs it
 			n.core.Release(now, e.Ino)
 			n.dirty = true
+			delete(n.abandoned, e.Ino)
 		}
 	case paxos.Released:
 		n.st.releases.Add(1)
@@ -578,6 +587,7 @@ func (n *Node) check(now clock.Time, ino ids.Ino) {
 		if n.held[ino] == nil {
 			n.core.Release(now, ino) // stop competing with the owner
 			n.dirty = true
+			delete(n.abandoned, ino)
 		}
 	} else {
 		return
@@ -605,6 +615,16 @@ func (n *Node) releaseIdle(now clock.Time) {
 	n.useMu.Unlock()
 	for ino := range touched {
 		n.use(now, ino)
+	}
+	for ino, until := range n.abandoned {
+		if now.Before(until) {
+			continue
+		}
+		delete(n.abandoned, ino)
+		if n.held[ino] == nil && len(n.waiters[ino]) == 0 {
+			n.core.Release(now, ino)
+			n.dirty = true
+		}
 	}
 	for ino, h := range n.held {
 		if now.Sub(h.lastUse) < n.cfg.IdleRelease || len(n.waiters[ino]) > 0 {
