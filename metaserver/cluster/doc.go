@@ -17,8 +17,11 @@
 //     after Config.IdleRelease.
 //   - On a Loss (OnLost), stop serving that inode and fail the clients that
 //     hold locks on it (NACK): another server may own it soon.
-//   - Release an inode to hand it over; Close to stop (like a crash: held
-//     leases run out at the peers, no release is sent).
+//   - Release an inode to hand it over; Shutdown to stop gracefully
+//     (releases everything), Close to stop like a crash (held leases run
+//     out at the peers).
+//   - Use Peers().Handle and Peers().Call for server-to-server requests
+//     (replication); kinds are the application's.
 //
 // # Safety
 //

@@ -233,6 +233,11 @@ func (n *Node) OnLost(fn func(Loss)) {
 // ErrReleased if Release(ino) is called meanwhile, ErrClosed, or ctx's
 // error. It counts as a use of ino (see Touch).
 //
+// When ctx ends first the node keeps trying for one more lease period, so
+// that a retried Acquire inherits the core's backoff rather than starting
+// an attempt at once (repeated fresh attempts outbid the owner's renewals);
+// a lease won meanwhile is held until idle.
+//
 // Having acquired, check the epoch against the inode's records (DESIGN.md:
 // the new owner recovers the inode by a majority read before serving).
 func (n *Node) Acquire(ctx context.Context, ino ids.Ino) (ids.Epoch, error) {
@@ -471,7 +476,8 @@ func (n *Node) query(fn func(now clock.Time)) error {
 func (n *Node) run() {
 	defer n.wg.Done()
 	defer close(n.loopDone)
-	idle := time.NewTicker(n.cfg.IdleRelease / 4)
+	// idle releases and abandoned wants are checked a few times per period
+	idle := time.NewTicker(min(n.cfg.IdleRelease/4, n.cfg.LeaseTime))
 	defer idle.Stop()
 	defer n.timer.Stop()
 	for {

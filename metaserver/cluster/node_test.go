@@ -450,6 +450,17 @@ func TestAcquireCancel(t *testing.T) {
 	if _, err := n.Acquire(ctx, 800); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Acquire without quorum = %v", err)
 	}
+	// the core keeps wanting 800 for a lease (a retry inherits its
+	// backoff), then stops
+	abandoned := func() bool {
+		var ok bool
+		n.query(func(clock.Time) { _, ok = n.abandoned[800] })
+		return ok
+	}
+	if !abandoned() {
+		t.Fatal("given-up Acquire not kept for a lease")
+	}
+	eventually(t, 3*testLease, "abandoned want dropped", func() bool { return !abandoned() })
 	done := make(chan error, 1)
 	go func() {
 		_, err := n.Acquire(context.Background(), 801)
