@@ -29,7 +29,7 @@
 // adds what the core asks of its caller: the boot counter is incremented and
 // synced to Dir/BootFile before the core starts, so ballots never repeat
 // across restarts; MinEpoch comes from the caller; the quarantine defaults to
-// the least safe value T(1+δ); every query reads the clock afresh on the
+// the smallest safe value, T(1+δ); every query reads the clock afresh on the
 // node's goroutine; and messages are stepped with one clock reading each.
 // Lost, duplicated, delayed or reordered PaxosLease messages cost liveness
 // only, so the send path drops rather than blocks.
