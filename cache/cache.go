@@ -8,6 +8,8 @@
 package cache
 
 import (
+	"container/list"
+
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -23,6 +25,16 @@ type entry struct {
 	// complete: names holds every entry of the directory (the client made
 	// it, under its lock), so a name not in names does not exist.
 	complete bool
+	pages    map[uint64]*list.Element // page index → *page in the LRU
+	// dataDropped is the data generation of the last drop: data fetched
+	// before it is stale.
+	dataDropped uint64
+	// dataVersion is the file version the cached pages belong to;
+	// seenVersion the newest version any read reply showed. Replies arrive
+	// out of order: once a read returned version v, pages older than v
+	// must not be served.
+	dataVersion, seenVersion uint64
+	changing                 int // changes of the data in flight (BeginChange)
 }
 
 // Cache holds what the client may serve without asking the server.
@@ -34,6 +46,16 @@ type Cache struct {
 	hits     int64
 	misses   int64
 	maxNames int
+
+	// covered, during ApplyReply: the inodes whose grant in that reply
+	// was accepted, the only ones whose contents it may cache.
+	covered map[ids.Ino]bool
+	inReply bool
+
+	lru       list.List // cached file pages, most recently used first
+	dataBytes int64
+	dataMax   int64
+	dataGen   uint64
 }
 
 // New returns a cache holding at most maxInodes locked inodes.
@@ -41,8 +63,12 @@ func New(maxInodes int) *Cache {
 	return &Cache{inodes: map[ids.Ino]*entry{}, max: maxInodes, maxNames: 10000}
 }
 
-// setMode changes e's lock mode, keeping the count of locked entries.
+// setMode changes e's lock mode, keeping the count of locked entries;
+// file data goes with the last lock.
 func (c *Cache) setMode(e *entry, m wire.LockMode) {
+	if m == wire.LockNone && e.mode != wire.LockNone {
+		c.dropPages(e)
+	}
 	if (e.mode != wire.LockNone) != (m != wire.LockNone) {
 		if m != wire.LockNone {
 			c.locked++
@@ -56,7 +82,7 @@ func (c *Cache) setMode(e *entry, m wire.LockMode) {
 func (c *Cache) get(ino ids.Ino) *entry {
 	e := c.inodes[ino]
 	if e == nil {
-		e = &entry{}
+		e = &entry{dataDropped: c.dataGen}
 		c.inodes[ino] = e
 	}
 	return e
@@ -77,12 +103,39 @@ func (c *Cache) Granted(g wire.Grant) bool {
 	return true
 }
 
+// ApplyReply applies a reply's grants and runs fn, in which the reply's
+// attributes, entries and data may be cached only for inodes whose grant in
+// this same reply was accepted. A reply executed under a lock that a
+// revocation has since voided is stale even if a newer grant covers the
+// inode by the time it arrives (the server let the old holder finish while
+// another client waited, and that client may have written since).
+func (c *Cache) ApplyReply(grants []wire.Grant, fn func()) {
+	if c.covered == nil {
+		c.covered = map[ids.Ino]bool{}
+	}
+	for _, g := range grants {
+		if c.Granted(g) {
+			c.covered[g.Ino] = true
+		}
+	}
+	defer clear(c.covered)
+	defer func() { c.inReply = false }()
+	c.inReply = true
+	fn()
+}
+
+// mayCache reports whether what the current reply says about ino may be
+// cached: outside ApplyReply it is the client's own change under its lock.
+func (c *Cache) mayCache(e *entry, ino ids.Ino) bool {
+	return e != nil && e.mode != wire.LockNone && (!c.inReply || c.covered[ino])
+}
+
 // evictIfFull drops an arbitrary other inode when over the bound; the
 // client releases its lock at the server (TakeEvicted).
 func (c *Cache) evictIfFull(keep ids.Ino) {
 	for len(c.inodes) > c.max {
 		for ino, e := range c.inodes {
-			if ino == keep {
+			if ino == keep || e.changing > 0 {
 				continue
 			}
 			if e.mode != wire.LockNone {
@@ -129,9 +182,15 @@ func (c *Cache) Mode(ino ids.Ino) (wire.LockMode, uint64) {
 
 // SetAttr caches attributes if a lock covers them.
 func (c *Cache) SetAttr(a *wire.Attr) {
-	if e := c.inodes[a.Ino]; e != nil && e.mode != wire.LockNone {
+	e := c.inodes[a.Ino]
+	switch {
+	case c.mayCache(e, a.Ino) && e.attr != nil && a.Version < e.attr.Version:
+		// A reply that crossed a newer one on the way.
+	case c.mayCache(e, a.Ino):
 		cp := *a
 		e.attr = &cp
+	case e != nil:
+		e.attr = nil // what we had may be older than a
 	}
 }
 
@@ -158,6 +217,13 @@ func (c *Cache) InvalidateAttr(ino ids.Ino) {
 func (c *Cache) SetEntry(parent ids.Ino, name string, child ids.Ino) {
 	e := c.inodes[parent]
 	if e == nil || e.mode == wire.LockNone {
+		return
+	}
+	if !c.mayCache(e, parent) {
+		// Not covered by this reply's grant, yet the name may have changed:
+		// forget what we had.
+		delete(e.names, name)
+		e.complete = false
 		return
 	}
 	if e.names == nil {
@@ -196,7 +262,7 @@ func (c *Cache) InvalidateDir(dir ids.Ino) {
 // MarkComplete records that the client knows every entry of dir: it has
 // just created it, empty, and holds its lock.
 func (c *Cache) MarkComplete(dir ids.Ino) {
-	if e := c.inodes[dir]; e != nil && e.mode != wire.LockNone {
+	if e := c.inodes[dir]; c.mayCache(e, dir) {
 		e.complete = true
 		if e.names == nil {
 			e.names = map[string]ids.Ino{}
@@ -212,6 +278,9 @@ func (c *Cache) DropAll() []ids.Ino {
 		out = append(out, ino)
 	}
 	clear(c.inodes)
+	c.lru.Init()
+	c.dataBytes = 0
+	c.dataGen++
 	c.locked = 0
 	c.evicted = nil
 	return out

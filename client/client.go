@@ -37,11 +37,13 @@ type Config struct {
 	SoftTimeout time.Duration
 	// CacheInodes bounds the inodes whose locks and attributes are cached.
 	CacheInodes int
+	// CacheBytes bounds the file data cached under locks (0: none).
+	CacheBytes int64
 }
 
 // DefaultConfig returns a hard-mount configuration.
 func DefaultConfig() Config {
-	return Config{DialTimeout: 5 * time.Second, Logger: slog.Default(), CacheInodes: 100_000}
+	return Config{DialTimeout: 5 * time.Second, Logger: slog.Default(), CacheInodes: 100_000, CacheBytes: 512 << 20}
 }
 
 // Validate checks the configuration.
@@ -55,6 +57,8 @@ func (c *Config) Validate() error {
 		return errors.New("client: soft timeout must not be negative")
 	case c.CacheInodes <= 0:
 		return errors.New("client: cache size must be positive")
+	case c.CacheBytes < 0:
+		return errors.New("client: data cache size must not be negative")
 	}
 	return nil
 }
@@ -111,6 +115,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:])),
 		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), Invalidate: func(ids.Ino) {},
 		PathOf: func(ids.Ino) string { return "" }}
+	c.cache.SetDataBudget(cfg.CacheBytes)
 	c.tr = transport.NewClient(cfg.Server, transport.ClientConfig{
 		Token: cfg.Token, ClientID: c.id, Hostname: host, Logger: cfg.Logger,
 		Faults: cfg.Faults, Callback: c.onCallback, DialTimeout: cfg.DialTimeout,
@@ -203,8 +208,9 @@ func (c *Client) Call(ctx context.Context, req *wire.Request) (*wire.Reply, erro
 }
 
 // call is Call with apply run on the cache in the same critical section
-// that applies the reply's grants (only for a successful reply), so what it
-// caches is covered by exactly those grants: no revocation can slip between.
+// that applies the reply's grants (for every reply the server gave, errors
+// included: a not-found is worth caching too), so what it caches is covered
+// by exactly those grants: no revocation can slip between.
 func (c *Client) call(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply)) (*wire.Reply, error) {
 	return c.callWith(ctx, req, apply, false)
 }
@@ -252,15 +258,14 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 				c.lapsed = false
 				c.log.Info("lease renewed: server reachable again, cache still valid")
 			}
-			for _, g := range rep.Grants {
-				c.cache.Granted(g)
-			}
-			if rep.Attr != nil {
-				c.cache.SetAttr(rep.Attr)
-			}
-			if apply != nil && rep.Code == wire.CodeOK {
-				apply(c.cache, rep)
-			}
+			c.cache.ApplyReply(rep.Grants, func() {
+				if rep.Attr != nil {
+					c.cache.SetAttr(rep.Attr)
+				}
+				if apply != nil {
+					apply(c.cache, rep)
+				}
+			})
 		}
 		evicted := c.cache.TakeEvicted()
 		c.mu.Unlock()
@@ -343,14 +348,17 @@ func (c *Client) onCallback(ctx context.Context, body []byte) []byte {
 	if cb.Kind == wire.CallbackRevoke {
 		c.Counters.Revocations.Add(1)
 		c.mu.Lock()
-		lowered := c.cache.Revoke(cb.Ino, cb.Mode, cb.Seq) // stops buffering
+		c.cache.Revoke(cb.Ino, cb.Mode, cb.Seq) // stops buffering
 		c.mu.Unlock()
 		// Buffered writes reach the server before the lock goes: the
 		// next holder must read them.
 		if err := c.Flush(ctx, cb.Ino); err != nil {
 			return wire.ErrorReply(wire.Errf(wire.CodeIO, "flush before revocation: %v", err)).Append(nil)
 		}
-		if lowered && cb.Mode == wire.LockNone {
+		// Even if the grant has not reached the cache yet (Revoke found none):
+		// a read holding that grant may be filling kernel pages right now,
+		// and the kernel's invalidation waits for them.
+		if cb.Mode == wire.LockNone {
 			c.Invalidate(cb.Ino)
 		}
 	}
@@ -405,6 +413,7 @@ type Stats struct {
 	LeaseLeft       time.Duration
 	LeaseStats      lease.ClientStats
 	CachedInodes    int
+	CachedDataBytes int64
 	Hits, Misses    int64
 	Locks           []wire.Grant
 	Requests        int64
@@ -422,7 +431,7 @@ func (c *Client) Stats() Stats {
 	defer c.mu.Unlock()
 	hits, misses, n := c.cache.Stats()
 	return Stats{Session: c.session.ID, LeaseLeft: c.lease.Remaining(c.clk.Now()), LeaseStats: c.lease.Stats(),
-		CachedInodes: n, Hits: hits, Misses: misses, Locks: c.cache.Locks(),
+		CachedInodes: n, CachedDataBytes: c.cache.DataBytes(), Hits: hits, Misses: misses, Locks: c.cache.Locks(),
 		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
 		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load(),
 		ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),

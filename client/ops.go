@@ -43,14 +43,22 @@ func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (*wire
 		}
 		return attr, nil
 	}
-	a, err := c.attrCall(ctx, &wire.Request{Op: wire.OpLookup, Parent: parent, Name: name})
-	switch {
-	case err == nil:
-		c.withCache(func(ch *cache.Cache) { ch.SetEntry(parent, name, a.Ino) })
-	case wire.CodeOf(err) == wire.CodeNotFound:
-		c.withCache(func(ch *cache.Cache) { ch.SetEntry(parent, name, 0) })
+	rep, err := c.call(ctx, &wire.Request{Op: wire.OpLookup, Parent: parent, Name: name},
+		func(ch *cache.Cache, rep *wire.Reply) {
+			switch {
+			case rep.Code == wire.CodeOK && rep.Attr != nil:
+				ch.SetEntry(parent, name, rep.Attr.Ino)
+			case rep.Code == wire.CodeNotFound:
+				ch.SetEntry(parent, name, 0)
+			}
+		})
+	if err != nil {
+		return nil, err
 	}
-	return a, err
+	if rep.Attr == nil {
+		return nil, wire.Errf(wire.CodeIO, "lookup reply without attributes")
+	}
+	return rep.Attr, nil
 }
 
 // GetAttr returns an inode's attributes, from the cache under a lock.
@@ -93,7 +101,7 @@ func entryChanged(ch *cache.Cache, dir ids.Ino, name string, child ids.Ino) {
 // createCall runs a create-like request and caches the new entry.
 func (c *Client) createCall(ctx context.Context, req *wire.Request) (*wire.Attr, error) {
 	rep, err := c.call(ctx, req, func(ch *cache.Cache, rep *wire.Reply) {
-		if rep.Attr != nil {
+		if rep.Code == wire.CodeOK && rep.Attr != nil {
 			entryChanged(ch, req.Parent, req.Name, rep.Attr.Ino)
 			if req.Op == wire.OpMkdir {
 				ch.MarkComplete(rep.Attr.Ino) // empty, and ours under X
@@ -116,6 +124,9 @@ func (c *Client) SetAttr(ctx context.Context, req *wire.Request) (*wire.Attr, er
 		return nil, err
 	}
 	req.Op = wire.OpSetAttr
+	if req.Valid&wire.SetSize != 0 {
+		defer c.changingData(req.Ino)()
+	}
 	return c.attrCall(ctx, req)
 }
 
@@ -154,7 +165,9 @@ func (c *Client) Readlink(ctx context.Context, ino ids.Ino) (string, error) {
 func (c *Client) Link(ctx context.Context, ino, newParent ids.Ino, name string) (*wire.Attr, error) {
 	rep, err := c.call(ctx, &wire.Request{Op: wire.OpLink, Ino: ino, NewPar: newParent, Name: name},
 		func(ch *cache.Cache, rep *wire.Reply) {
-			entryChanged(ch, newParent, name, ino)
+			if rep.Code == wire.CodeOK {
+				entryChanged(ch, newParent, name, ino)
+			}
 		})
 	c.forget(ino)
 	if err != nil {
@@ -171,7 +184,11 @@ func (c *Client) Link(ctx context.Context, ino, newParent ids.Ino, name string) 
 func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error {
 	child, _ := c.Lookup(ctx, parent, name)
 	_, err := c.call(ctx, &wire.Request{Op: wire.OpUnlink, Parent: parent, Name: name},
-		func(ch *cache.Cache, _ *wire.Reply) { entryChanged(ch, parent, name, 0) })
+		func(ch *cache.Cache, rep *wire.Reply) {
+			if rep.Code == wire.CodeOK {
+				entryChanged(ch, parent, name, 0)
+			}
+		})
 	if err != nil {
 		c.forget(parent)
 	}
@@ -184,7 +201,11 @@ func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error 
 // Rmdir removes an empty directory.
 func (c *Client) Rmdir(ctx context.Context, parent ids.Ino, name string) error {
 	_, err := c.call(ctx, &wire.Request{Op: wire.OpRmdir, Parent: parent, Name: name},
-		func(ch *cache.Cache, _ *wire.Reply) { entryChanged(ch, parent, name, 0) })
+		func(ch *cache.Cache, rep *wire.Reply) {
+			if rep.Code == wire.CodeOK {
+				entryChanged(ch, parent, name, 0)
+			}
+		})
 	if err != nil {
 		c.forget(parent)
 	}
@@ -197,7 +218,10 @@ func (c *Client) Rename(ctx context.Context, parent ids.Ino, name string, newPar
 	target, _ := c.Lookup(ctx, newParent, newName)
 	const renameExchange = 2 // RENAME_EXCHANGE
 	_, err := c.call(ctx, &wire.Request{Op: wire.OpRename, Parent: parent, Name: name, NewPar: newParent, NewName: newName, Flags: flags},
-		func(ch *cache.Cache, _ *wire.Reply) {
+		func(ch *cache.Cache, rep *wire.Reply) {
+			if rep.Code != wire.CodeOK {
+				return
+			}
 			if moved == nil || (flags&renameExchange != 0 && target == nil) {
 				ch.InvalidateDir(parent)
 				ch.InvalidateDir(newParent)
@@ -244,14 +268,36 @@ func (c *Client) Release(ctx context.Context, ino ids.Ino) error {
 // Read reads up to size bytes at off, after sending this client's buffered
 // writes of the file.
 func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, size int) ([]byte, error) {
+	// The generation before the flush: a write buffered after it (not in
+	// what the server returns) makes the fetched data uncacheable.
+	var gen uint64
+	c.withCache(func(ch *cache.Cache) { gen = ch.DataGen() })
 	if err := c.Flush(ctx, ino); err != nil {
 		return nil, err
 	}
-	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpRead, Ino: ino, Off: off, Size: uint64(size)})
+	var data []byte
+	if c.cached(func(ch *cache.Cache) bool {
+		var ok bool
+		data, ok = ch.ReadData(ino, off, size)
+		return ok
+	}) {
+		return data, nil
+	}
+	// Whole pages, so that what comes back can be cached.
+	start := off &^ (cache.PageSize - 1)
+	end := (off + uint64(size) + cache.PageSize - 1) &^ (cache.PageSize - 1)
+	rep, err := c.call(ctx, &wire.Request{Op: wire.OpRead, Ino: ino, Off: start, Size: end - start},
+		func(ch *cache.Cache, rep *wire.Reply) {
+			if rep.Code != wire.CodeOK || rep.Attr == nil {
+				return
+			}
+			ch.PutData(ino, start, rep.Data, uint64(len(rep.Data)) < end-start, rep.Attr.Version, gen)
+		})
 	if err != nil {
 		return nil, err
 	}
-	return rep.Data, nil
+	data = rep.Data[min(off-start, uint64(len(rep.Data))):]
+	return data[:min(len(data), size)], nil
 }
 
 // Fsync returns once everything written so far is durable on the server.

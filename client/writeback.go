@@ -107,8 +107,25 @@ func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte
 	if appendMode {
 		req.Flags = wire.WriteAppend
 	}
+	defer c.changingData(ino)()
 	_, err := c.Call(ctx, req)
 	return err
+}
+
+// changingData brackets a change of ino's data sent to the server: no page
+// of ino is cached or served from the cache until it returns (another
+// client may see the change as soon as the server made it, before our
+// reply arrives), and reads that raced with it cache nothing. Call the
+// function it returns when the change is done.
+func (c *Client) changingData(ino ids.Ino) func() {
+	c.mu.Lock()
+	c.cache.BeginChange(ino)
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		c.cache.EndChange(ino)
+		c.mu.Unlock()
+	}
 }
 
 func (f *dirtyFile) size() int {
@@ -151,6 +168,7 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 	attr.Mtime = time.Now().UnixNano()
 	attr.Ctime = attr.Mtime
 	c.cache.SetAttr(attr)
+	c.cache.DropData(ino)
 	return true
 }
 

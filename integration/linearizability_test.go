@@ -2,6 +2,7 @@ package integration
 
 import (
 	le "encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -100,8 +101,126 @@ func TestLinearizable(t *testing.T) {
 		}
 		res := porcupine.CheckOperationsTimeout(registerModel, h, 30*time.Second)
 		if res != porcupine.Ok {
+			explainStale(t, h)
 			t.Fatalf("file %d: history of %d operations is %v", f, len(h), res)
 		}
 		t.Logf("file %d: %d operations, linearizable", f, len(h))
+	}
+}
+
+func explainStale(t *testing.T, h []porcupine.Operation) {
+	if p := os.Getenv("LEASEFS_HISTORY"); p != "" {
+		f, _ := os.Create(p)
+		for _, op := range h {
+			in := op.Input.(regInput)
+			v := in.value
+			if !in.write {
+				v = op.Output.(uint64)
+			}
+			fmt.Fprintf(f, "%d %d %d %v %x\n", op.Call, op.Return, op.ClientId, in.write, v)
+		}
+		f.Close()
+	}
+	writes := map[uint64]porcupine.Operation{}
+	var ws []porcupine.Operation
+	for _, op := range h {
+		if in := op.Input.(regInput); in.write {
+			writes[in.value] = op
+			ws = append(ws, op)
+		}
+	}
+	n := 0
+	for _, r := range h {
+		if r.Input.(regInput).write {
+			continue
+		}
+		v := r.Output.(uint64)
+		wv, ok := writes[v]
+		if v != 0 && !ok {
+			t.Logf("read by %d returned unknown %x", r.ClientId, v)
+			continue
+		}
+		if ok && wv.Call > r.Return {
+			t.Logf("read by %d [%d,%d] returned future %x (write by %d [%d,%d])", r.ClientId, r.Call, r.Return, v, wv.ClientId, wv.Call, wv.Return)
+			n++
+		}
+		for _, w2 := range ws {
+			if w2.Input.(regInput).value == v {
+				continue
+			}
+			if (v == 0 || wv.Return < w2.Call) && w2.Return < r.Call {
+				t.Logf("stale read by %d [%d,%d] got %x (written by %d [%d,%d]) but %x by %d [%d,%d] was complete", r.ClientId, r.Call, r.Return, v, wv.ClientId, wv.Call, wv.Return, w2.Input.(regInput).value, w2.ClientId, w2.Call, w2.Return)
+				n++
+				break
+			}
+		}
+		if n > 10 {
+			return
+		}
+	}
+	// Flip-flops: reads that follow one another return a, then b, then a.
+	type span struct{ firstRet, lastCall, firstBy, lastBy int64 }
+	spans := map[uint64]*span{}
+	for _, op := range h {
+		if op.Input.(regInput).write {
+			continue
+		}
+		v := op.Output.(uint64)
+		sp := spans[v]
+		if sp == nil {
+			sp = &span{op.Return, op.Call, int64(op.ClientId), int64(op.ClientId)}
+			spans[v] = sp
+		}
+		if op.Return < sp.firstRet {
+			sp.firstRet, sp.firstBy = op.Return, int64(op.ClientId)
+		}
+		if op.Call > sp.lastCall {
+			sp.lastCall, sp.lastBy = op.Call, int64(op.ClientId)
+		}
+	}
+	for _, r := range h {
+		if r.Input.(regInput).write {
+			continue
+		}
+		for v, sp := range spans {
+			if v != r.Output.(uint64) && r.Call > sp.firstRet && r.Return < sp.lastCall {
+				t.Logf("flip-flop: read by %d [%d,%d] got %x between reads of %x (first returned %d by %d, last called %d by %d)",
+					r.ClientId, r.Call, r.Return, r.Output, v, sp.firstRet, sp.firstBy, sp.lastCall, sp.lastBy)
+				n++
+				break
+			}
+		}
+		if n > 10 {
+			return
+		}
+	}
+	// Inversions: a read that follows another returns a value older than it.
+	var reads []porcupine.Operation
+	for _, op := range h {
+		if !op.Input.(regInput).write {
+			reads = append(reads, op)
+		}
+	}
+	for i, r1 := range reads {
+		w1, ok := writes[r1.Output.(uint64)]
+		if !ok {
+			continue
+		}
+		for _, r2 := range reads[i+1:] {
+			w2, ok := writes[r2.Output.(uint64)]
+			if !ok && r2.Output.(uint64) != 0 {
+				continue
+			}
+			if r1.Return < r2.Call && (r2.Output.(uint64) == 0 || w2.Return < w1.Call) {
+				t.Logf("inversion: read by %d [%d,%d] got %x (w by %d [%d,%d]); later read by %d [%d,%d] got older %x (w by %d [%d,%d])",
+					r1.ClientId, r1.Call, r1.Return, r1.Output, w1.ClientId, w1.Call, w1.Return,
+					r2.ClientId, r2.Call, r2.Return, r2.Output, w2.ClientId, w2.Call, w2.Return)
+				n++
+				break
+			}
+		}
+		if n > 10 {
+			return
+		}
 	}
 }

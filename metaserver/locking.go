@@ -37,7 +37,7 @@ type lockMgr struct {
 	// waiting requests, woken by grants computed in other goroutines
 	// Several requests of one client may wait for the same inode: the
 	// table queues the client once, and its grant wakes them all.
-	waiters map[holdKey][]chan locks.Grant
+	waiters map[holdKey][]waiter
 	pwait   map[locks.WaiterID]chan struct{}
 	// inflight counts operations executing under a client's lock on an
 	// inode; a revocation is completed only when they are done, so no
@@ -59,7 +59,7 @@ func newLockMgr(s *Server, restarted bool) *lockMgr {
 		data:     locks.NewDataTable(locks.DefaultDataConfig()),
 		posix:    locks.NewPosixTable(locks.DefaultPosixConfig()),
 		failing:  lease.NewFailingSet(lcfg),
-		waiters:  map[holdKey][]chan locks.Grant{},
+		waiters:  map[holdKey][]waiter{},
 		pwait:    map[locks.WaiterID]chan struct{}{},
 		inflight: map[holdKey]int{},
 	}
@@ -91,6 +91,12 @@ type held struct {
 	grant locks.Grant
 }
 
+// waiter is one operation waiting for a grant.
+type waiter struct {
+	ch   chan locks.Grant
+	mode locks.Mode
+}
+
 // acquire gets mode on ino for client c, waiting for revocations, and
 // marks an operation in flight under it.
 func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode locks.Mode) (held, error) {
@@ -109,7 +115,7 @@ func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode
 	var ch chan locks.Grant
 	if out.Queued {
 		ch = make(chan locks.Grant, 1)
-		m.waiters[key] = append(m.waiters[key], ch)
+		m.waiters[key] = append(m.waiters[key], waiter{ch, mode})
 	}
 	own, ok := m.dispatchFor(out, key)
 	m.mu.Unlock()
@@ -135,7 +141,7 @@ func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode
 			_ = g
 		default:
 		}
-		rest := slices.DeleteFunc(m.waiters[key], func(w chan locks.Grant) bool { return w == ch })
+		rest := slices.DeleteFunc(m.waiters[key], func(w waiter) bool { return w.ch == ch })
 		if len(rest) > 0 {
 			m.waiters[key] = rest
 			return held{}, ctx.Err()
@@ -174,11 +180,22 @@ func (m *lockMgr) dispatchFor(out locks.Outcome, self holdKey) (locks.Grant, boo
 			own, found = g, true
 			m.inflight[key]++
 		}
-		for _, ch := range m.waiters[key] {
+		// Only waiters that asked for no more than g: a client's read
+		// granted S at once must not wake its own write waiting for X.
+		rest := m.waiters[key][:0]
+		for _, w := range m.waiters[key] {
+			if w.mode > g.Mode {
+				rest = append(rest, w)
+				continue
+			}
 			m.inflight[key]++
-			ch <- g
+			w.ch <- g
 		}
-		delete(m.waiters, key)
+		if len(rest) == 0 {
+			delete(m.waiters, key)
+		} else {
+			m.waiters[key] = rest
+		}
 	}
 	for _, r := range out.Revokes {
 		m.stats.Revoked++

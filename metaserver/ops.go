@@ -245,14 +245,14 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		return &wire.Reply{}
 	case wire.OpRead:
 		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply {
-			data, err := st.Read(r.Ino, r.Off, int(min(r.Size, wire.MaxData)))
+			data, a, err := st.ReadWithAttr(r.Ino, r.Off, int(min(r.Size, wire.MaxData)))
 			if err != nil {
 				return wire.ErrorReply(err)
 			}
 			if data == nil {
 				data = []byte{}
 			}
-			return &wire.Reply{Data: data}
+			return &wire.Reply{Data: data, Attr: toWire(a)}
 		})
 	case wire.OpWrite:
 		return s.underLocks(ctx, sess, exclusive(r.Ino), func() *wire.Reply {

@@ -22,10 +22,18 @@ func (tx *Tx) chunkBuf() []byte {
 // Read returns up to size bytes at off: short at end of file, holes read as
 // zeros. The caller owns the returned slice.
 func (s *Store) Read(ino ids.Ino, off uint64, size int) ([]byte, error) {
+	out, _, err := s.ReadWithAttr(ino, off, size)
+	return out, err
+}
+
+// ReadWithAttr is Read that also returns the attributes the data belongs
+// to (their Version orders reads of the same file).
+func (s *Store) ReadWithAttr(ino ids.Ino, off uint64, size int) ([]byte, Attr, error) {
 	if size < 0 {
-		return nil, wire.Errf(wire.CodeInvalid, "read of %d bytes", size)
+		return nil, Attr{}, wire.Errf(wire.CodeInvalid, "read of %d bytes", size)
 	}
 	var out []byte
+	var attr Attr
 	err := s.view(func(tx *Tx) error {
 		n, err := tx.inode(ino)
 		if err != nil {
@@ -34,6 +42,7 @@ func (s *Store) Read(ino ids.Ino, off uint64, size int) ([]byte, error) {
 		if err := checkRegular(n); err != nil {
 			return err
 		}
+		attr = n.Attr
 		if off >= n.Size {
 			out = []byte{}
 			return nil
@@ -41,7 +50,10 @@ func (s *Store) Read(ino ids.Ino, off uint64, size int) ([]byte, error) {
 		out = make([]byte, min(uint64(size), n.Size-off))
 		return tx.readChunks(ino, off, out)
 	})
-	return out, err
+	if err != nil {
+		return nil, Attr{}, err
+	}
+	return out, attr, nil
 }
 
 // ReadAt reads into dst at off and returns the number of bytes read (short

@@ -30,6 +30,7 @@ func runMount(argv []string) error {
 	fs.StringVar(&token, "token", "", "the join token itself (prefer --token-file: command lines are visible to other users)")
 	fs.DurationVar(&cfg.SoftTimeout, "soft-timeout", 0, "fail operations with EIO after the server was unreachable this long (0: block until it returns, like NFS hard)")
 	fs.DurationVar(&cfg.DialTimeout, "dial-timeout", cfg.DialTimeout, "how long to try to reach the server at mount time")
+	cacheMiB := fs.Int64("cache-mib", cfg.CacheBytes>>20, "file data this mount keeps in memory while it holds the files' data locks, in MiB (0: none)")
 	fs.BoolVar(&debug, "fuse-debug", false, "log every FUSE request")
 	fs.StringVar(&faults, "faults", "", "inject transport faults (testing only)")
 	_ = fs.MarkHidden("faults")
@@ -46,6 +47,10 @@ func runMount(argv []string) error {
 		return err
 	}
 	cfg.Logger = log
+	if *cacheMiB < 0 {
+		return errors.New("--cache-mib must not be negative")
+	}
+	cfg.CacheBytes = *cacheMiB << 20
 	if cfg.Server == "" {
 		return errors.New("--server is required")
 	}

@@ -1,0 +1,174 @@
+package cache
+
+import (
+	"container/list"
+
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// PageSize is the unit of cached file data.
+const PageSize = 4096
+
+// page is PageSize bytes of a file at index idx. A shorter page is the
+// file's last: the file ends where it ends (an empty page marks an end on a
+// page boundary). That is only true while the lock is held, like the rest.
+type page struct {
+	ino  ids.Ino
+	idx  uint64
+	data []byte
+}
+
+// The data cache holds file pages under S or X, in one LRU across files
+// bounded by bytes. Every change this client makes to a file's data drops
+// its pages (DropData) and bumps a generation, so a read that raced with
+// the change cannot put back what it fetched before it (PutData's gen).
+
+// DataGen is the generation a reader takes before it asks the server; pass
+// it to PutData.
+func (c *Cache) DataGen() uint64 { return c.dataGen }
+
+// SetDataBudget bounds the bytes of cached file data (0: cache none).
+func (c *Cache) SetDataBudget(bytes int64) {
+	c.dataMax = bytes
+	c.shrinkData()
+}
+
+// PutData caches data of file version `version` read from the server at
+// page-aligned off, fetched after DataGen returned gen. eof: the file ends
+// at off+len(data). Ignored unless a lock covers the inode, nothing dropped
+// its data since gen and no newer version is cached.
+func (c *Cache) PutData(ino ids.Ino, off uint64, data []byte, eof bool, version, gen uint64) {
+	e := c.inodes[ino]
+	if e == nil {
+		return
+	}
+	if version > e.seenVersion {
+		e.seenVersion = version
+		if e.dataVersion < version {
+			c.clearPages(e) // older than what a read just returned
+		}
+	}
+	if !c.mayCache(e, ino) || e.changing > 0 || e.dataDropped > gen || off%PageSize != 0 || c.dataMax <= 0 || version < e.seenVersion {
+		return
+	}
+	e.dataVersion = version
+	if e.pages == nil {
+		e.pages = map[uint64]*list.Element{}
+	}
+	idx := off / PageSize
+	for len(data) > 0 || eof {
+		n := min(len(data), PageSize)
+		if n < PageSize && !eof {
+			break // a partial page that is not the end: not a page's content
+		}
+		c.putPage(e, &page{ino: ino, idx: idx, data: data[:n:n]})
+		data = data[n:]
+		idx++
+		if n < PageSize {
+			break // the end of the file
+		}
+	}
+	c.shrinkData()
+}
+
+func (c *Cache) putPage(e *entry, p *page) {
+	if old, ok := e.pages[p.idx]; ok {
+		c.dataBytes -= int64(len(old.Value.(*page).data))
+		c.lru.Remove(old)
+	}
+	e.pages[p.idx] = c.lru.PushFront(p)
+	c.dataBytes += int64(len(p.data))
+}
+
+// ReadData returns size bytes at off from cached pages (fewer at the end of
+// the file), or false if a page is missing or no lock covers the inode.
+func (c *Cache) ReadData(ino ids.Ino, off uint64, size int) ([]byte, bool) {
+	e := c.inodes[ino]
+	if e == nil || e.mode == wire.LockNone || len(e.pages) == 0 {
+		return nil, false
+	}
+	out := make([]byte, 0, size)
+	for pos, end := off, off+uint64(size); pos < end; {
+		el, ok := e.pages[pos/PageSize]
+		if !ok {
+			return nil, false
+		}
+		p := el.Value.(*page)
+		in := pos % PageSize
+		if in >= uint64(len(p.data)) {
+			break // past the end of the file
+		}
+		n := min(uint64(len(p.data))-in, end-pos)
+		out = append(out, p.data[in:in+n]...)
+		pos += n
+		c.lru.MoveToFront(el)
+		if len(p.data) < PageSize && in+n == uint64(len(p.data)) {
+			break
+		}
+	}
+	return out, true
+}
+
+// DropData forgets ino's cached pages; a read in flight will not cache
+// what it fetched.
+func (c *Cache) DropData(ino ids.Ino) {
+	e := c.inodes[ino]
+	if e == nil {
+		return
+	}
+	c.dropPages(e)
+}
+
+// BeginChange drops ino's pages and caches none until EndChange: the
+// client is changing the file's data at the server.
+func (c *Cache) BeginChange(ino ids.Ino) {
+	e := c.get(ino)
+	e.changing++
+	c.dropPages(e)
+}
+
+// EndChange ends a change BeginChange began; reads that overlapped it
+// cache nothing.
+func (c *Cache) EndChange(ino ids.Ino) {
+	e := c.inodes[ino]
+	if e == nil {
+		return
+	}
+	e.changing--
+	c.dropPages(e)
+}
+
+func (c *Cache) dropPages(e *entry) {
+	c.dataGen++
+	e.dataDropped = c.dataGen
+	c.clearPages(e)
+}
+
+// clearPages frees e's pages without voiding reads in flight.
+func (c *Cache) clearPages(e *entry) {
+	for _, el := range e.pages {
+		c.dataBytes -= int64(len(el.Value.(*page).data))
+		c.lru.Remove(el)
+	}
+	e.pages = nil
+}
+
+// shrinkData evicts least recently used pages down to the budget.
+func (c *Cache) shrinkData() {
+	for c.dataBytes > c.dataMax {
+		el := c.lru.Back()
+		if el == nil {
+			return
+		}
+		p := el.Value.(*page)
+		c.lru.Remove(el)
+		c.dataBytes -= int64(len(p.data))
+		if e := c.inodes[p.ino]; e != nil {
+			delete(e.pages, p.idx)
+		}
+	}
+}
+
+// DataBytes is the size of the cached file data.
+func (c *Cache) DataBytes() int64 { return c.dataBytes }

@@ -1,0 +1,125 @@
+package cache
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
+)
+
+func shared(ino ids.Ino, seq uint64) []wire.Grant {
+	return []wire.Grant{{Ino: ino, Mode: wire.LockShared, Seq: seq}}
+}
+
+// reply applies one read reply the way the client does.
+func (c *Cache) reply(grants []wire.Grant, ino ids.Ino, off uint64, data []byte, eof bool, version, gen uint64) {
+	c.ApplyReply(grants, func() { c.PutData(ino, off, data, eof, version, gen) })
+}
+
+func filled(b byte) []byte { return bytes.Repeat([]byte{b}, PageSize) }
+
+func TestDataServedOnlyUnderLock(t *testing.T) {
+	c := New(100)
+	c.SetDataBudget(1 << 20)
+	gen := c.DataGen()
+	c.PutData(5, 0, filled('a'), false, 1, gen) // no lock: ignored
+	if _, ok := c.ReadData(5, 0, 10); ok {
+		t.Fatal("data cached without a lock")
+	}
+	c.reply(shared(5, 1), 5, 0, append(filled('a'), 'b', 'c'), true, 1, gen)
+	got, ok := c.ReadData(5, PageSize-1, 100)
+	if !ok || string(got) != "abc" {
+		t.Fatalf("read across pages to EOF = %q, %v", got, ok)
+	}
+	if got, ok := c.ReadData(5, PageSize+2, 10); !ok || len(got) != 0 {
+		t.Fatalf("read at EOF = %q, %v; want empty, true", got, ok)
+	}
+	if _, ok := c.ReadData(5, 0, 3*PageSize); !ok {
+		t.Fatal("read past EOF from cache should be short, not a miss")
+	}
+	c.Revoke(5, wire.LockShared, 2) // X→S keeps data... S→S is a no-op
+	if _, ok := c.ReadData(5, 0, 1); !ok {
+		t.Fatal("data dropped by a revocation that left the lock")
+	}
+	c.Revoke(5, wire.LockNone, 3)
+	if _, ok := c.ReadData(5, 0, 1); ok || c.DataBytes() != 0 {
+		t.Fatal("data kept after its lock was revoked")
+	}
+}
+
+// TestReplyUnderVoidedGrant: a read executed under a grant that a
+// revocation overtook is not cached, even though a newer grant covers the
+// inode by the time it arrives.
+func TestReplyUnderVoidedGrant(t *testing.T) {
+	c := New(100)
+	c.SetDataBudget(1 << 20)
+	gen := c.DataGen()
+	c.Granted(wire.Grant{Ino: 5, Mode: wire.LockShared, Seq: 1})
+	c.Revoke(5, wire.LockNone, 2)
+	c.Granted(wire.Grant{Ino: 5, Mode: wire.LockShared, Seq: 9})
+	c.reply(shared(5, 1), 5, 0, filled('o'), false, 1, gen)
+	if _, ok := c.ReadData(5, 0, 1); ok {
+		t.Fatal("data read under a revoked grant was cached")
+	}
+	c.ApplyReply(shared(5, 1), func() { c.SetAttr(&wire.Attr{Ino: 5, Size: 1}) })
+	if _, ok := c.Attr(5); ok {
+		t.Fatal("attributes read under a revoked grant were cached")
+	}
+}
+
+func TestDataGenerationsAndVersions(t *testing.T) {
+	c := New(100)
+	c.SetDataBudget(1 << 20)
+	c.Granted(wire.Grant{Ino: 5, Mode: wire.LockExclusive, Seq: 1})
+	before := c.DataGen()
+	c.DropData(5) // a write this client made after the read was sent
+	c.reply(shared(5, 1), 5, 0, filled('o'), false, 1, before)
+	if _, ok := c.ReadData(5, 0, 1); ok {
+		t.Fatal("data fetched before a local write was cached")
+	}
+
+	x1 := []wire.Grant{{Ino: 5, Mode: wire.LockExclusive, Seq: 1}}
+	// Replies out of order: version 3 arrives, then version 2.
+	gen := c.DataGen()
+	c.reply(x1, 5, 0, filled('3'), false, 3, gen)
+	c.reply(x1, 5, 0, filled('2'), false, 2, gen)
+	if got, _ := c.ReadData(5, 0, 1); string(got) != "3" {
+		t.Fatalf("older reply overwrote a newer one: %q", got)
+	}
+	// A newer version that may not be cached still voids older pages.
+	c.BeginChange(5)
+	c.reply(x1, 5, 0, filled('4'), false, 4, c.DataGen())
+	if _, ok := c.ReadData(5, 0, 1); ok {
+		t.Fatal("pages served or cached while a change is in flight")
+	}
+	c.EndChange(5)
+	c.reply(x1, 5, 0, filled('3'), false, 3, c.DataGen())
+	if _, ok := c.ReadData(5, 0, 1); ok {
+		t.Fatal("version 3 cached after a read returned version 4")
+	}
+}
+
+func TestDataBudget(t *testing.T) {
+	c := New(100)
+	c.SetDataBudget(4 * PageSize)
+	c.Granted(wire.Grant{Ino: 5, Mode: wire.LockShared, Seq: 1})
+	c.Granted(wire.Grant{Ino: 6, Mode: wire.LockShared, Seq: 2})
+	gen := c.DataGen()
+	c.PutData(5, 0, bytes.Repeat([]byte{'x'}, 3*PageSize), false, 1, gen)
+	c.ReadData(5, 0, 1) // page 0 recently used
+	c.PutData(6, 0, bytes.Repeat([]byte{'y'}, 2*PageSize), false, 1, gen)
+	if c.DataBytes() > 4*PageSize {
+		t.Fatalf("cache holds %d bytes over a budget of %d", c.DataBytes(), 4*PageSize)
+	}
+	if _, ok := c.ReadData(5, 0, 1); !ok {
+		t.Fatal("most recently used page evicted")
+	}
+	if _, ok := c.ReadData(5, PageSize, 1); ok {
+		t.Fatal("least recently used page kept over budget")
+	}
+	c.DropAll()
+	if c.DataBytes() != 0 || c.lru.Len() != 0 {
+		t.Fatal("DropAll left data behind")
+	}
+}
