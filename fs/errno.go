@@ -21,6 +21,7 @@ var codeErrno = [...]syscall.Errno{
 	wire.CodeNotSupported: syscall.EOPNOTSUPP, wire.CodeBadMessage: syscall.EBADMSG,
 	wire.CodeDeadlock: syscall.EDEADLK, wire.CodeCrossDevice: syscall.EXDEV,
 	wire.CodeInterrupted: syscall.EINTR,
+	wire.CodeUnavailable: syscall.EIO,
 }
 
 // toErrno converts an error from the client into the POSIX error the

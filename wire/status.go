@@ -32,6 +32,10 @@ const (
 	CodeDeadlock
 	CodeCrossDevice
 	CodeInterrupted
+	// CodeUnavailable: this server cannot serve the request now (restart
+	// quarantine, no majority of its cluster reachable); the client should
+	// try another server of the cluster.
+	CodeUnavailable
 	codeCount
 )
 
@@ -46,7 +50,7 @@ var codeNames = [...]string{
 	CodeAgain: "try again", CodeRedirect: "redirect", CodeTooBig: "file too large",
 	CodeNotSupported: "not supported", CodeBadMessage: "bad message",
 	CodeDeadlock: "deadlock", CodeCrossDevice: "cross-device link",
-	CodeInterrupted: "interrupted",
+	CodeInterrupted: "interrupted", CodeUnavailable: "server unavailable",
 }
 
 func (c Code) String() string {
