@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,11 +28,17 @@ import (
 
 // Config configures a client.
 type Config struct {
-	Server      string // HOST:PORT
+	// Servers are the cluster's servers (HOST:PORT), any subset; the
+	// client uses one at a time and fails over to the next.
+	Servers     []string
 	Token       transport.Token
 	Logger      *slog.Logger
 	Faults      *transport.Faults
 	DialTimeout time.Duration
+	// FailoverTimeout: with several servers, a request unanswered this long
+	// makes the client check that its server is alive (a renewal answered
+	// within the same time), and fail over if not.
+	FailoverTimeout time.Duration
 	// SoftTimeout, when non-zero, fails operations that cannot reach the
 	// server for this long with EIO (like NFS soft); zero blocks (hard).
 	SoftTimeout time.Duration
@@ -43,14 +50,16 @@ type Config struct {
 
 // DefaultConfig returns a hard-mount configuration.
 func DefaultConfig() Config {
-	return Config{DialTimeout: 5 * time.Second, Logger: slog.Default(), CacheInodes: 100_000, CacheBytes: 512 << 20}
+	return Config{DialTimeout: 5 * time.Second, FailoverTimeout: 500 * time.Millisecond, Logger: slog.Default(), CacheInodes: 100_000, CacheBytes: 512 << 20}
 }
 
 // Validate checks the configuration.
 func (c *Config) Validate() error {
 	switch {
-	case c.Server == "":
+	case len(c.Servers) == 0 || slices.Contains(c.Servers, ""):
 		return errors.New("client: no server address")
+	case c.FailoverTimeout <= 0:
+		return errors.New("client: failover timeout must be positive")
 	case c.DialTimeout <= 0:
 		return errors.New("client: dial timeout must be positive")
 	case c.SoftTimeout < 0:
@@ -78,7 +87,7 @@ type Client struct {
 	cfg Config
 	log *slog.Logger
 	id  ids.ClientID
-	tr  *transport.Client
+	srv servers
 	clk clock.Real
 
 	// Invalidate, set by fs before mounting, drops the kernel's caches of
@@ -111,24 +120,19 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	host, _ := os.Hostname()
 	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:])),
 		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), Invalidate: func(ids.Ino) {},
 		PathOf: func(ids.Ino) string { return "" }}
 	c.cache.SetDataBudget(cfg.CacheBytes)
-	c.tr = transport.NewClient(cfg.Server, transport.ClientConfig{
-		Token: cfg.Token, ClientID: c.id, Hostname: host, Logger: cfg.Logger,
-		Faults: cfg.Faults, Callback: c.onCallback, DialTimeout: cfg.DialTimeout,
-	})
-	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-	defer cancel()
-	if err := c.tr.Dial(dctx); err != nil {
-		c.tr.Close()
-		return nil, fmt.Errorf("client: connect to %s: %w", cfg.Server, err)
+	if err := c.connect(ctx); err != nil {
+		return nil, fmt.Errorf("client: connect: %w", err)
 	}
+	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout*time.Duration(len(cfg.Servers)))
+	defer cancel()
 	if err := c.openSession(dctx); err != nil {
-		c.tr.Close()
-		return nil, fmt.Errorf("client: open session with %s: %w", cfg.Server, err)
+		tr, addr := c.transport()
+		tr.Close()
+		return nil, fmt.Errorf("client: open session with %s: %w", addr, err)
 	}
 	c.wg.Add(1)
 	go c.renewLoop()
@@ -158,13 +162,27 @@ func (c *Client) openSession(ctx context.Context) error {
 		h := transport.Header{Client: c.id, Seq: c.seq}
 		c.mu.Unlock()
 		sent := c.clk.Now()
-		raw, err := c.tr.Call(ctx, h, body)
+		tr, addr := c.transport()
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if c.clustered() {
+			actx, cancel = context.WithTimeout(ctx, c.cfg.FailoverTimeout)
+		}
+		raw, err := tr.Call(actx, h, body)
+		cancel()
+		if err != nil && c.clustered() && ctx.Err() == nil {
+			c.failover(tr, err.Error())
+			continue
+		}
 		if err != nil {
 			return err
 		}
 		rep, err := wire.ParseReply(raw)
 		if err != nil {
 			return err
+		}
+		if rep.Code == wire.CodeUnavailable && c.clustered() {
+			c.failover(tr, rep.Msg)
+			continue
 		}
 		if rep.Code == wire.CodeNack {
 			select {
@@ -193,7 +211,8 @@ func (c *Client) openSession(ctx context.Context) error {
 		c.lease.Sent(sent, false)
 		c.lease.Acked(sent, c.clk.Now())
 		c.mu.Unlock()
-		c.log.Info("session opened", "server", c.cfg.Server, "session", s.ID,
+		c.answered()
+		c.log.Info("session opened", "server", addr, "session", s.ID,
 			"client_lease", time.Duration(s.Tau), "clock_drift", s.Delta)
 		return nil
 	}
@@ -239,6 +258,9 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 		c.mu.Unlock()
 		c.Counters.Requests.Add(1)
 		rep, err := c.roundTrip(ctx, h, body)
+		if errors.Is(err, errFailedOver) {
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -280,14 +302,38 @@ func (c *Client) roundTrip(ctx context.Context, h transport.Header, body []byte)
 		cctx, cancel = context.WithTimeout(ctx, c.cfg.SoftTimeout)
 	}
 	defer cancel()
-	raw, err := c.tr.Call(cctx, h, body)
-	if err != nil {
+	for {
+		tr, _ := c.transport()
+		actx, cancelAttempt := cctx, context.CancelFunc(func() {})
+		if c.clustered() {
+			actx, cancelAttempt = context.WithTimeout(cctx, c.cfg.FailoverTimeout)
+		}
+		raw, err := tr.Call(actx, h, body)
+		cancelAttempt()
+		if err == nil {
+			rep, err := wire.ParseReply(raw)
+			if err == nil && rep.Code == wire.CodeUnavailable && c.clustered() {
+				c.failover(tr, rep.Msg)
+				return nil, errFailedOver
+			}
+			c.answered()
+			return rep, err
+		}
+		if c.clustered() && cctx.Err() == nil {
+			if errors.Is(err, transport.ErrClosed) {
+				return nil, errFailedOver // another request failed over
+			}
+			if errors.Is(err, context.DeadlineExceeded) && c.alive(tr, h.Session) {
+				continue // slow, not gone: the same header again runs at most once
+			}
+			c.failover(tr, err.Error())
+			return nil, errFailedOver
+		}
 		if ctx.Err() == nil && c.cfg.SoftTimeout > 0 && errors.Is(err, context.DeadlineExceeded) {
 			return nil, ErrTimeout
 		}
 		return nil, err
 	}
-	return wire.ParseReply(raw)
 }
 
 // recover handles a NACK for the session `nacked`: drop every cache, the
@@ -447,5 +493,6 @@ func (c *Client) Close() error {
 	defer cancel()
 	c.FlushAll(ctx)
 	_, _ = c.Call(ctx, &wire.Request{Op: wire.OpGoodbye})
-	return c.tr.Close()
+	tr, _ := c.transport()
+	return tr.Close()
 }

@@ -75,7 +75,7 @@ func BenchmarkRequestRate(b *testing.B) {
 	tok, err := transport.ParseToken(srv.Token())
 	must(b, err)
 	ccfg := client.DefaultConfig()
-	ccfg.Server, ccfg.Token, ccfg.Logger = srv.Addr().String(), tok, log
+	ccfg.Servers, ccfg.Token, ccfg.Logger = []string{srv.Addr().String()}, tok, log
 	ctx := context.Background()
 	c, err := client.New(ctx, ccfg)
 	must(b, err)

@@ -73,7 +73,7 @@ type mountStatus struct {
 
 // serveMountStatus serves c's status on MountSocket(mountpoint) until the
 // returned stop is called. A failure only logs: the mount works without it.
-func serveMountStatus(c *client.Client, server, mountpoint string, log *slog.Logger) (stop func()) {
+func serveMountStatus(c *client.Client, mountpoint string, log *slog.Logger) (stop func()) {
 	path := MountSocket(mountpoint)
 	_ = os.Remove(path) // a stale socket of a killed mount
 	ln, err := net.Listen("unix", path)
@@ -88,7 +88,7 @@ func serveMountStatus(c *client.Client, server, mountpoint string, log *slog.Log
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(mountStatus{Mountpoint: mountpoint, Server: server, Client: c.ID().String(),
+		_ = enc.Encode(mountStatus{Mountpoint: mountpoint, Server: c.Server(), Client: c.ID().String(),
 			Session: st.Session.String(), Pid: os.Getpid(), Stats: st})
 	})
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}

@@ -25,7 +25,8 @@ func runMount(argv []string) error {
 	var tokenFile, token, faults string
 	var debug bool
 	var logging logFlags
-	fs.StringVar(&cfg.Server, "server", "", "server address HOST:PORT (required)")
+	fs.StringSliceVar(&cfg.Servers, "server", nil, "server address HOST:PORT, or several of one cluster (A,B,C or repeated): the mount uses one and fails over to the next (required)")
+	fs.DurationVar(&cfg.FailoverTimeout, "failover-timeout", cfg.FailoverTimeout, "with several servers: how long a request may go unanswered before the mount checks that its server is alive and fails over if not")
 	fs.StringVar(&tokenFile, "token-file", "", "file holding the cluster's join token (the server's DATA/token)")
 	fs.StringVar(&token, "token", "", "the join token itself (prefer --token-file: command lines are visible to other users)")
 	fs.DurationVar(&cfg.SoftTimeout, "soft-timeout", 0, "fail operations with EIO after the server was unreachable this long (0: block until it returns, like NFS hard)")
@@ -51,7 +52,7 @@ func runMount(argv []string) error {
 		return errors.New("--cache-mib must not be negative")
 	}
 	cfg.CacheBytes = *cacheMiB << 20
-	if cfg.Server == "" {
+	if len(cfg.Servers) == 0 {
 		return errors.New("--server is required")
 	}
 	switch {
@@ -91,12 +92,12 @@ func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, 
 		return err
 	}
 	defer c.Close()
-	defer serveMountStatus(c, cfg.Server, mountpoint, log)() // leasefs admin --mount (admin.go)
+	defer serveMountStatus(c, mountpoint, log)() // leasefs admin --mount (admin.go)
 	srv, err := lfs.Mount(mountpoint, c, opts)
 	if err != nil {
 		return err
 	}
-	log.Info("mounted", "mountpoint", mountpoint, "server", cfg.Server)
+	log.Info("mounted", "mountpoint", mountpoint, "server", c.Server())
 	done := make(chan struct{})
 	go func() { srv.Wait(); close(done) }()
 	select {

@@ -56,11 +56,12 @@ func runUp(argv []string) error {
 		return err
 	}
 	ccfg := client.DefaultConfig()
-	ccfg.Server = srv.Addr().String()
+	addr := srv.Addr().String()
+	ccfg.Servers = []string{addr}
 	ccfg.Token = tok
 	ccfg.Logger = f.cfg.Logger
 	fmt.Fprintf(os.Stderr, "leasefs: data lives in %s; serving on %s; mounting at %s.\n"+
 		"leasefs: stop with Ctrl-C or 'umount %s'. Other machines can mount with --server %s --token-file %s\n",
-		dir, ccfg.Server, rest[0], rest[0], ccfg.Server, filepath.Join(dir, "token"))
+		dir, addr, rest[0], rest[0], addr, filepath.Join(dir, "token"))
 	return mountAndServe(ccfg, rest[0], lfs.MountOptions{}, f.cfg.Logger)
 }
