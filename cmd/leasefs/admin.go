@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -91,6 +92,10 @@ func serveMountStatus(c *client.Client, mountpoint string, log *slog.Logger) (st
 		_ = enc.Encode(mountStatus{Mountpoint: mountpoint, Server: c.Server(), Client: c.ID().String(),
 			Session: st.Session.String(), Pid: os.Getpid(), Stats: st})
 	})
+	// Profiles of the mount process, for the owner of the socket only
+	// (curl --unix-socket SOCKET http://x/debug/pprof/profile).
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = hs.Serve(ln) }()
 	log.Debug("status socket", "path", path)
