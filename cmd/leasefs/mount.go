@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	rtdebug "runtime/debug"
 	"syscall"
 	"time"
 
@@ -52,6 +53,12 @@ func runMount(argv []string) error {
 		return errors.New("--cache-mib must not be negative")
 	}
 	cfg.CacheBytes = *cacheMiB << 20
+	if os.Getenv("GOMEMLIMIT") == "" {
+		// Collect before the heap doubles past the data cache: a full cache
+		// is live data, and the default GOGC would let the process grow to
+		// twice its size.
+		rtdebug.SetMemoryLimit(cfg.CacheBytes + 256<<20)
+	}
 	if len(cfg.Servers) == 0 {
 		return errors.New("--server is required")
 	}
