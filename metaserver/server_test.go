@@ -35,7 +35,7 @@ func connect(t *testing.T, s *Server) *client.Client {
 		t.Fatal(err)
 	}
 	cfg := client.DefaultConfig()
-	cfg.Server = s.Addr().String()
+	cfg.Servers = []string{s.Addr().String()}
 	cfg.Token = tok
 	cfg.Logger = slog.New(slog.DiscardHandler)
 	c, err := client.New(context.Background(), cfg)
