@@ -89,6 +89,9 @@ type Client struct {
 	id  ids.ClientID
 	srv servers
 	clk clock.Real
+	// reqs numbers the client's changes (wire.Request.ReqID): a resend
+	// after a failover must not apply a change twice.
+	reqs atomic.Uint64
 
 	// Invalidate, set by fs before mounting, drops the kernel's caches of
 	// an inode (page cache and attributes). Called without locks held.
@@ -247,6 +250,9 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 		// finishes: Go programs get signals all the time (SIGURG), and
 		// an EINTR from open or stat breaks tools that never expect it.
 		ctx = context.WithoutCancel(ctx)
+	}
+	if req.Op.Changes() && req.ReqID == 0 {
+		req.ReqID = c.reqs.Add(1)
 	}
 	body := req.Append(nil)
 	for {

@@ -14,6 +14,7 @@ package metaserver
 //	/api/locks           []LockInfo
 //	/api/owners          []OwnerInfo
 //	/api/counters        AdminCounters
+//	/api/checksum        ChecksumInfo (a hash of every replicated record)
 //	POST /api/evict?client=ID   EvictResult
 //	/metrics             Prometheus text format
 //
@@ -167,6 +168,14 @@ func (s *Server) ServeAdmin(cfg AdminConfig) (*Admin, error) {
 	mux.HandleFunc("GET /api/locks", jsonOf(a.s.AdminLocks))
 	mux.HandleFunc("GET /api/owners", jsonOf(a.s.AdminOwners))
 	mux.HandleFunc("GET /api/counters", jsonOf(a.s.AdminCounters))
+	mux.HandleFunc("GET /api/checksum", func(w http.ResponseWriter, r *http.Request) {
+		c, err := a.s.AdminChecksum()
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, c)
+	})
 	mux.HandleFunc("POST /api/evict", a.evict)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
 	a.http = &http.Server{Handler: a.authorize(mux), ReadHeaderTimeout: 10 * time.Second}
@@ -260,6 +269,7 @@ type AdminStatus struct {
 	ClockDrift   float64       `json:"clock_drift"`
 	InGrace      bool          `json:"in_grace"` // restart grace: no new locks
 	Peers        []PeerStatus  `json:"peers"`    // empty: a single server
+	Cluster      *ClusterStats `json:"cluster,omitempty"`
 	StoreLSM     int64         `json:"store_lsm_bytes"`
 	StoreVlog    int64         `json:"store_vlog_bytes"`
 	Sessions     int           `json:"sessions"`
@@ -267,12 +277,13 @@ type AdminStatus struct {
 	LockedInodes int           `json:"locked_inodes"`
 }
 
-// PeerStatus is one other server of the cluster. This server runs alone
-// (no --peers yet), so the list is always empty.
+// PeerStatus is one other server of the cluster (none on a single server).
+// Reachable: its last peer call succeeded.
 type PeerStatus struct {
 	ID        ids.ServerID `json:"id"`
 	Addr      string       `json:"addr"`
 	Reachable bool         `json:"reachable"`
+	LastOK    time.Time    `json:"last_ok,omitzero"`
 }
 
 // ClientInfo is one client as far as the server knows it.
@@ -313,6 +324,10 @@ type OwnerInfo struct {
 	Owner  ids.ServerID `json:"owner"`
 	Epoch  ids.Epoch    `json:"epoch"`
 	Expiry time.Time    `json:"expiry,omitzero"`
+	// Held is how long this epoch has made the server owner, Idle since
+	// the inode was last used (cluster only).
+	Held time.Duration `json:"held,omitempty"`
+	Idle time.Duration `json:"idle,omitempty"`
 }
 
 // AdminCounters are the server's counters since start.
@@ -327,6 +342,7 @@ type AdminCounters struct {
 	ClientsFailed  int64 `json:"clients_failed"`
 	ClientsExpired int64 `json:"clients_expired"`
 	DeliveryErrors int64 `json:"delivery_errors"`
+	Replayed       int64 `json:"replayed"` // resent changes answered without applying them twice
 }
 
 // AdminStatus returns the server's state.
@@ -335,6 +351,11 @@ func (s *Server) AdminStatus() AdminStatus {
 	st := AdminStatus{ServerID: s.cfg.ServerID, Listen: s.Addr().String(), Started: s.start,
 		Uptime: time.Since(s.start).Round(time.Millisecond), ClientLease: s.cfg.ClientLease,
 		ClockDrift: s.cfg.ClockDrift, Peers: []PeerStatus{}, StoreLSM: lsm, StoreVlog: vlog}
+	if s.cl != nil {
+		st.Peers = s.cl.peerStatus()
+		cs := s.cl.Stats()
+		st.Cluster = &cs
+	}
 	s.mu.Lock()
 	st.Sessions = len(s.sessions)
 	s.mu.Unlock()
@@ -455,9 +476,23 @@ func posixInfo(ino ids.Ino, lk locks.PosixLock, waiting bool) LockInfo {
 }
 
 // AdminOwners returns the ownership of every inode with locks. A single
-// server owns every inode itself, at epoch 0, without expiry.
+// server owns every inode itself, at epoch 0, without expiry; a cluster
+// server lists the PaxosLeases it holds.
 func (s *Server) AdminOwners() []OwnerInfo {
 	out := []OwnerInfo{}
+	if s.cl != nil {
+		n := s.cl.node.Load()
+		if n == nil {
+			return out
+		}
+		now := time.Now()
+		for _, o := range n.Owned() {
+			out = append(out, OwnerInfo{Ino: o.Ino, Owner: s.cfg.ServerID, Epoch: o.Epoch, Expiry: now.Add(o.Left),
+				Held: o.Held.Round(time.Millisecond), Idle: o.Idle.Round(time.Millisecond)})
+		}
+		slices.SortFunc(out, func(a, b OwnerInfo) int { return cmpIno(a.Ino, b.Ino) })
+		return out
+	}
 	var last ids.Ino
 	for _, l := range s.AdminLocks() {
 		if l.Ino != last {
@@ -468,10 +503,30 @@ func (s *Server) AdminOwners() []OwnerInfo {
 	return out
 }
 
+// ChecksumInfo is a server's replica checksum: equal on two servers if and
+// only if they store the same replicated records.
+type ChecksumInfo struct {
+	Server   ids.ServerID `json:"server"`
+	Checksum string       `json:"checksum"` // hex SHA-256
+	Took     string       `json:"took"`
+}
+
+// AdminChecksum computes the replica checksum (reads the whole store).
+func (s *Server) AdminChecksum() (ChecksumInfo, error) {
+	start := time.Now()
+	sum, err := s.store.Checksum()
+	if err != nil {
+		return ChecksumInfo{}, err
+	}
+	return ChecksumInfo{Server: s.cfg.ServerID, Checksum: fmt.Sprintf("%x", sum),
+		Took: time.Since(start).Round(time.Microsecond).String()}, nil
+}
+
 // AdminCounters returns the counters.
 func (s *Server) AdminCounters() AdminCounters {
 	c := AdminCounters{Requests: s.counters.Requests.Load(), Errors: s.counters.Errors.Load(),
-		NacksSent: s.counters.NacksSent.Load(), SessionsOpened: s.counters.SessionsOpened.Load()}
+		NacksSent: s.counters.NacksSent.Load(), SessionsOpened: s.counters.SessionsOpened.Load(),
+		Replayed: s.counters.Replayed.Load()}
 	s.lm.mu.Lock()
 	st, fs := s.lm.stats, s.lm.failing.Stats()
 	s.lm.mu.Unlock()

@@ -37,12 +37,47 @@ func reqs(mode locks.Mode, inos []ids.Ino) []lockReq {
 // with the reply.
 func (s *Server) underLocks(ctx context.Context, sess *session, want []lockReq, fn func() *wire.Reply) *wire.Reply {
 	slices.SortFunc(want, func(a, b lockReq) int { return cmpIno(a.ino, b.ino) })
-	var hs []held
-	defer func() {
+	if s.cl == nil {
+		hs, errRep := s.takeLocks(ctx, sess, want)
+		if errRep != nil {
+			return errRep
+		}
+		return s.runLocked(hs, fn)
+	}
+	// Cluster mode (cluster_server.go): own every inode first, holding no
+	// client lock, then lock, then check that no inode was handed over
+	// while we waited for its lock.
+	inos := make([]ids.Ino, 0, len(want))
+	for _, w := range want {
+		inos = append(inos, w.ino)
+	}
+	for attempt := 0; ; attempt++ {
+		if err := s.cl.ownAll(ctx, inos); err != nil {
+			return wire.ErrorReply(err)
+		}
+		hs, errRep := s.takeLocks(ctx, sess, want)
+		if errRep != nil {
+			return errRep
+		}
+		if s.cl.stillOwned(inos) {
+			return s.runLocked(hs, fn)
+		}
+		// The grants came after a hand-over (which revoked every lock on
+		// the inode): they were never the client's, drop them.
 		for _, h := range hs {
 			s.lm.done(h)
+			s.lm.release(h.key.client, h.key.ino, locks.None, h.grant.Seq)
 		}
-	}()
+		if attempt == 8 {
+			return wire.ErrorReply(errUnavailable("ownership of the inodes keeps moving"))
+		}
+	}
+}
+
+// takeLocks takes every lock in want (sorted) for the client, or returns
+// the error reply with none held.
+func (s *Server) takeLocks(ctx context.Context, sess *session, want []lockReq) ([]held, *wire.Reply) {
+	var hs []held
 	for i, w := range want {
 		if i > 0 && want[i-1].ino == w.ino {
 			continue
@@ -55,10 +90,24 @@ func (s *Server) underLocks(ctx context.Context, sess *session, want []lockReq, 
 		}
 		h, err := s.lm.acquire(ctx, sess.client, w.ino, mode)
 		if err != nil {
-			return wire.ErrorReply(err)
+			for _, h := range hs {
+				s.lm.done(h)
+			}
+			return nil, wire.ErrorReply(err)
 		}
 		hs = append(hs, h)
 	}
+	return hs, nil
+}
+
+// runLocked runs fn under the held locks, ends them, and adds the grants
+// to the reply.
+func (s *Server) runLocked(hs []held, fn func() *wire.Reply) *wire.Reply {
+	defer func() {
+		for _, h := range hs {
+			s.lm.done(h)
+		}
+	}()
 	rep := fn()
 	for _, h := range hs {
 		rep.Grants = append(rep.Grants, wire.Grant{Ino: h.grant.Ino, Mode: wire.LockMode(h.grant.Mode), Seq: h.grant.Seq})
@@ -113,6 +162,9 @@ func (s *Server) withChild(ctx context.Context, sess *session, parent ids.Ino, n
 func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *wire.Reply {
 	now := time.Now().UnixNano()
 	st := s.store
+	if o, ok := changeOrigin(sess, r); ok {
+		st = st.For(o)
+	}
 	switch r.Op {
 	case wire.OpRenew:
 		return &wire.Reply{}
@@ -135,9 +187,9 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 	case wire.OpSetAttr:
 		in := SetAttrIn{Valid: r.Valid, Mode: r.Mode, Uid: r.Uid, Gid: r.Gid, Size: r.Size,
 			Atime: r.Atime, Mtime: r.Mtime, Ctime: r.Ctime}
-		return s.underLocks(ctx, sess, exclusive(r.Ino), func() *wire.Reply { return attrReply(st.SetAttr(r.Ino, in, now)) })
+		return s.underLocks(ctx, sess, exclusive(r.Ino), s.once(sess, r, func() *wire.Reply { return attrReply(st.SetAttr(r.Ino, in, now)) }))
 	case wire.OpCreate, wire.OpMkdir, wire.OpSymlink:
-		rep := s.underLocks(ctx, sess, exclusive(r.Parent), func() *wire.Reply {
+		rep := s.underLocks(ctx, sess, exclusive(r.Parent), s.once(sess, r, func() *wire.Reply {
 			switch r.Op {
 			case wire.OpCreate:
 				a, err := st.Create(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, r.Rdev, now)
@@ -151,7 +203,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 				return attrReply(st.Mkdir(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, now))
 			}
 			return attrReply(st.Symlink(r.Parent, r.Name, r.Target, r.Uid, r.Gid, now))
-		})
+		}))
 		if rep.Attr != nil {
 			// The creator may cache the new inode at once: nobody else
 			// can know it yet, so this never waits.
@@ -162,27 +214,32 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		}
 		return rep
 	case wire.OpReadlink:
+		if s.cl != nil {
+			if err := s.cl.ownAll(ctx, []ids.Ino{r.Ino}); err != nil {
+				return wire.ErrorReply(err)
+			}
+		}
 		t, err := st.Readlink(r.Ino)
 		if err != nil {
 			return wire.ErrorReply(err)
 		}
 		return &wire.Reply{Data: []byte(t)}
 	case wire.OpLink:
-		return s.underLocks(ctx, sess, exclusive(r.Ino, r.NewPar), func() *wire.Reply {
+		return s.underLocks(ctx, sess, exclusive(r.Ino, r.NewPar), s.once(sess, r, func() *wire.Reply {
 			return attrReply(st.Link(r.Ino, r.NewPar, r.Name, now))
-		})
+		}))
 	case wire.OpUnlink:
-		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, func() *wire.Reply {
+		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, s.once(sess, r, func() *wire.Reply {
 			a, err := st.Unlink(r.Parent, r.Name, now)
 			if err == nil {
 				s.removed(&a)
 			}
 			return errReply(err)
-		})
+		}))
 	case wire.OpRmdir:
-		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, func() *wire.Reply {
+		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, s.once(sess, r, func() *wire.Reply {
 			return errReply(st.Rmdir(r.Parent, r.Name, now))
-		})
+		}))
 	case wire.OpRename:
 		for attempt := 0; ; attempt++ {
 			moved, target := s.child(r.Parent, r.Name), s.child(r.NewPar, r.NewName)
@@ -191,6 +248,9 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 				if attempt < 5 && (s.child(r.Parent, r.Name) != moved || s.child(r.NewPar, r.NewName) != target) {
 					changed = true
 					return &wire.Reply{}
+				}
+				if rep, ok := s.replayed(sess, r); ok {
+					return rep
 				}
 				replaced, err := st.Rename(r.Parent, r.Name, r.NewPar, r.NewName, r.Flags, now)
 				if err == nil {
@@ -259,6 +319,9 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			mu := &s.writeMu[r.Ino%ids.Ino(len(s.writeMu))]
 			mu.Lock()
 			defer mu.Unlock()
+			if rep, ok := s.replayed(sess, r); ok {
+				return rep
+			}
 			if r.Flags&wire.WriteIfVersion != 0 {
 				a, err := st.GetAttr(r.Ino)
 				if err != nil {
@@ -299,9 +362,9 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			return &wire.Reply{Data: v}
 		})
 	case wire.OpSetXattr:
-		return s.underLocks(ctx, sess, exclusive(r.Ino), func() *wire.Reply {
+		return s.underLocks(ctx, sess, exclusive(r.Ino), s.once(sess, r, func() *wire.Reply {
 			return errReply(st.SetXattr(r.Ino, r.Name, r.Data, r.Flags))
-		})
+		}))
 	case wire.OpListXattr:
 		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply {
 			names, err := st.ListXattr(r.Ino)
@@ -314,9 +377,9 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			return &wire.Reply{Names: names}
 		})
 	case wire.OpRemoveXattr:
-		return s.underLocks(ctx, sess, exclusive(r.Ino), func() *wire.Reply {
+		return s.underLocks(ctx, sess, exclusive(r.Ino), s.once(sess, r, func() *wire.Reply {
 			return errReply(st.RemoveXattr(r.Ino, r.Name))
-		})
+		}))
 	case wire.OpLockRelease:
 		s.lm.release(sess.client, r.Ino, locks.Mode(r.LockMode), r.Version)
 		return &wire.Reply{}
@@ -332,4 +395,61 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		return &wire.Reply{Lk: lk}
 	}
 	return wire.ErrorReply(wire.Errf(wire.CodeNotSupported, "operation %v", r.Op))
+}
+
+// changeOrigin is the Origin a change request records (store_done.go):
+// the inode it is recorded with is one the change writes under an X lock.
+func changeOrigin(sess *session, r *wire.Request) (Origin, bool) {
+	if !r.Op.Changes() || r.ReqID == 0 {
+		return Origin{}, false
+	}
+	o := Origin{Ino: r.Ino, Client: sess.client, Req: r.ReqID}
+	switch r.Op {
+	case wire.OpCreate, wire.OpMkdir, wire.OpSymlink, wire.OpUnlink, wire.OpRmdir, wire.OpRename:
+		o.Ino = r.Parent
+	case wire.OpLink:
+		o.Ino = r.NewPar
+	}
+	return o, true
+}
+
+// once runs fn unless the store already applied r (replayed).
+func (s *Server) once(sess *session, r *wire.Request, fn func() *wire.Reply) func() *wire.Reply {
+	return func() *wire.Reply {
+		if rep, ok := s.replayed(sess, r); ok {
+			return rep
+		}
+		return fn()
+	}
+}
+
+// replayed answers a change request the store already applied (a resend:
+// the server that applied it failed before the reply got through) from the
+// current state. Call it under the request's locks.
+func (s *Server) replayed(sess *session, r *wire.Request) (*wire.Reply, bool) {
+	o, ok := changeOrigin(sess, r)
+	if !ok {
+		return nil, false
+	}
+	done, err := s.store.Applied(o)
+	if err != nil {
+		return wire.ErrorReply(err), true
+	}
+	if !done {
+		return nil, false
+	}
+	s.counters.Replayed.Add(1)
+	s.log.Info("resent change already applied; answering from the current state",
+		"client", sess.client, "op", r.Op, "req", r.ReqID, "ino", o.Ino)
+	switch r.Op {
+	case wire.OpCreate, wire.OpMkdir, wire.OpSymlink:
+		a, err := s.store.Lookup(r.Parent, r.Name)
+		if err == nil && r.Op == wire.OpCreate && r.Flags&wire.CreateOpen != 0 {
+			s.openHandle(sess, a.Ino)
+		}
+		return attrReply(a, err), true
+	case wire.OpWrite, wire.OpSetAttr, wire.OpLink:
+		return attrReply(s.store.GetAttr(r.Ino)), true
+	}
+	return &wire.Reply{}, true
 }

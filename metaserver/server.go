@@ -9,14 +9,18 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/metaserver/cluster"
 	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -31,7 +35,25 @@ type Config struct {
 	DeliveryTimeout time.Duration // how long a callback may go unacknowledged
 	Logger          *slog.Logger
 	Faults          *transport.Faults
+
+	// Cluster mode (cluster_server.go). Peers maps every server of the
+	// cluster, this one included, to the HOST:PORT it serves on; nil or
+	// just this server is a single server (no PaxosLease at all).
+	Peers          map[ids.ServerID]string
+	OwnershipLease time.Duration // PaxosLease period T
+	// IdleRelease: an inode nobody used (and on which no client holds a
+	// lock) for this long is released. A later fresh acquire of it costs a
+	// grace of τ(1+δ), so keep it well above T.
+	IdleRelease time.Duration
+	AntiEntropy time.Duration // how often replicas compare themselves with their peers
+	// Identity, if set, is the cluster identity the server must use (a
+	// server joining a cluster): a fresh data directory takes it, one that
+	// holds another cluster's identity refuses to start (ErrOtherCluster).
+	Identity *transport.Identity
 }
+
+// ErrOtherCluster: the data directory holds another cluster's identity.
+var ErrOtherCluster = errors.New("metaserver: data directory belongs to another cluster")
 
 // DefaultConfig returns DESIGN.md's defaults.
 func DefaultConfig() Config {
@@ -42,6 +64,9 @@ func DefaultConfig() Config {
 		ClockDrift:      0.05,
 		DeliveryTimeout: 500 * time.Millisecond,
 		Logger:          slog.Default(),
+		OwnershipLease:  2 * time.Second,
+		IdleRelease:     time.Minute,
+		AntiEntropy:     10 * time.Second,
 	}
 }
 
@@ -60,6 +85,19 @@ func (c *Config) Validate() error {
 		return errors.New("metaserver: clock drift must be in [0, 1)")
 	case c.DeliveryTimeout <= 0 || c.DeliveryTimeout >= c.ClientLease:
 		return errors.New("metaserver: delivery timeout must be positive and shorter than the client lease")
+	}
+	if !c.clustered() {
+		return nil
+	}
+	switch {
+	case c.Peers[c.ServerID] == "":
+		return fmt.Errorf("metaserver: peers do not include this server (%v)", c.ServerID)
+	case c.OwnershipLease <= 0:
+		return errors.New("metaserver: ownership lease must be positive")
+	case c.IdleRelease != 0 && c.IdleRelease < c.OwnershipLease:
+		return errors.New("metaserver: idle release must not be shorter than the ownership lease")
+	case c.AntiEntropy <= 0:
+		return errors.New("metaserver: anti-entropy period must be positive")
 	}
 	return nil
 }
@@ -94,6 +132,7 @@ type Server struct {
 	// write's size read and write one step.
 	writeMu [64]sync.Mutex
 	lm      *lockMgr
+	cl      *clusterState // nil on a single server
 
 	counters Counters
 }
@@ -101,6 +140,8 @@ type Server struct {
 // Counters are the server's request and lease counters.
 type Counters struct {
 	Requests, Errors, NacksSent, SessionsOpened atomic.Int64
+	// Replayed: resent changes found already applied (store_done.go)
+	Replayed atomic.Int64
 }
 
 // Start opens the store (failing at once if another server uses the data
@@ -109,28 +150,87 @@ func Start(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	store, err := OpenStore(cfg.Dir, StoreOptions{ServerID: cfg.ServerID, Logger: cfg.Logger})
+	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(),
+		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}}
+	opts := StoreOptions{ServerID: cfg.ServerID, Logger: cfg.Logger}
+	if cfg.clustered() {
+		s.cl = newClusterState(s)
+		opts.OwnerEpoch = s.cl.ownerEpoch
+		opts.Replicate = s.cl.replicate
+		opts.OnAllocIno = s.cl.onAlloc
+		opts.NoOrphanPurge = true
+	}
+	store, err := OpenStore(cfg.Dir, opts)
 	if err != nil {
 		return nil, err
 	}
-	id, created, err := transport.LoadOrCreateIdentity(cfg.Dir)
+	s.store = store
+	id, created, err := loadIdentity(cfg)
 	if err != nil {
 		store.Close()
 		return nil, err
 	}
-	if created {
+	s.id = id
+	switch {
+	case created && cfg.Identity != nil:
+		cfg.Logger.Info("joined the cluster: installed its identity in a fresh data directory", "token_file", cfg.Dir+"/token")
+	case created:
 		cfg.Logger.Info("created cluster identity and token", "token_file", cfg.Dir+"/token")
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, store: store, id: id, start: time.Now(),
-		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}}
 	s.lm = newLockMgr(s, !created) // a fresh data directory had no clients to wait for
 	s.tr, err = transport.Listen(cfg.Listen, transport.ServerConfig{Identity: id, Logger: cfg.Logger, Faults: cfg.Faults}, s.handle)
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("metaserver: listen on %s: %w", cfg.Listen, err)
 	}
+	if s.cl != nil {
+		minEpoch, err := store.MaxEpoch()
+		if err == nil {
+			err = s.cl.startNode(id, minEpoch)
+		}
+		if err != nil {
+			s.tr.Close()
+			store.Close()
+			return nil, err
+		}
+	}
 	s.log.Info("serving", "listen", s.tr.Addr().String(), "data", cfg.Dir, "server_id", cfg.ServerID)
 	return s, nil
+}
+
+// loadIdentity loads or creates the data directory's identity, or installs
+// cfg.Identity in a fresh one. created reports a fresh data directory.
+func loadIdentity(cfg Config) (*transport.Identity, bool, error) {
+	if cfg.Identity == nil {
+		return transport.LoadOrCreateIdentity(cfg.Dir)
+	}
+	data, err := os.ReadFile(filepath.Join(cfg.Dir, "identity"))
+	switch {
+	case err == nil:
+		have, err := transport.ParseIdentity(data)
+		if err != nil {
+			return nil, false, err
+		}
+		if have.TokenValue() != cfg.Identity.TokenValue() {
+			return nil, false, fmt.Errorf("%w: %s holds the identity of cluster %x..., not the given %x...",
+				ErrOtherCluster, cfg.Dir, hashPrefix(have), hashPrefix(cfg.Identity))
+		}
+		id, _, err := transport.LoadOrCreateIdentity(cfg.Dir)
+		return id, false, err
+	case errors.Is(err, fs.ErrNotExist):
+		if err := transport.SaveIdentity(cfg.Dir, cfg.Identity); err != nil {
+			return nil, false, err
+		}
+		id, _, err := transport.LoadOrCreateIdentity(cfg.Dir)
+		return id, true, err
+	default:
+		return nil, false, fmt.Errorf("metaserver: read identity: %w", err)
+	}
+}
+
+func hashPrefix(id *transport.Identity) []byte {
+	h := id.CertHash()
+	return h[:4]
 }
 
 // Addr is the address clients connect to.
@@ -139,13 +239,27 @@ func (s *Server) Addr() net.Addr { return s.tr.Addr() }
 // Token is the cluster's join token.
 func (s *Server) Token() string { return s.id.Token() }
 
-// Close stops serving and closes the store.
+// Close stops serving and closes the store. In a cluster it is a crash as
+// far as ownership goes: held leases run out at the peers.
 func (s *Server) Close() error {
+	if s.cl != nil {
+		s.cl.close(context.Background(), false)
+	}
 	err := s.tr.Close()
 	if cerr := s.store.Close(); err == nil {
 		err = cerr
 	}
 	return err
+}
+
+// Shutdown stops gracefully: in a cluster it first hands every owned inode
+// over (so that other servers acquire without waiting for the leases to
+// run out), within ctx; then it closes.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if s.cl != nil {
+		s.cl.close(ctx, true)
+	}
+	return s.Close()
 }
 
 func newSessionID() ids.SessionID {
@@ -156,6 +270,9 @@ func newSessionID() ids.SessionID {
 
 // handle is the transport's entry point: one request in, one reply out.
 func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
+	if s.cl != nil && cluster.IsPeerBody(tr.Body) {
+		return s.cl.handlePeer(ctx, tr)
+	}
 	if h := s.observed(ctx); h != nil { // admin metrics (admin.go)
 		return h(ctx, tr)
 	}

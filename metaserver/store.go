@@ -30,6 +30,7 @@ import (
 //	'K' ino chunk(8)        file data chunk: up to ChunkSize bytes, never past Size
 //	'X' ino name            extended attribute value
 //	'L' ino                 symlink target
+//	'R' ino client(8)       request ids of the client's latest changes to ino (store_done.go)
 //	'E' ino                 replication state: ownership epoch, version (store_repl.go)
 //	'S' MakeIno(server, 0)  the server's inode counter (server-local, never replicated)
 //
@@ -43,6 +44,7 @@ const (
 	recXattr   = 'X'
 	recSymlink = 'L'
 	recRepl    = 'E'
+	recDone    = 'R'
 	recServer  = 'S'
 )
 
@@ -142,6 +144,21 @@ type StoreOptions struct {
 	// the same transaction (store_repl.go). OnCommit sees the stamps;
 	// SplitByInode turns the writes into ReplicaChanges.
 	OwnerEpoch func(ino ids.Ino) (ids.Epoch, error)
+	// Replicate, if set, is called after every committed operation that
+	// wrote something, after OnCommit, with the same writes (valid only
+	// during the call); its error is the operation's error, although the
+	// change stays committed locally (a cluster owner that could not reach
+	// a majority: the change is not acknowledged, and a later owner may or
+	// may not keep it). Called on the operation's goroutine.
+	Replicate func(writes []Write) error
+	// OnAllocIno, if set, is called with each new inode number before the
+	// operation that creates it runs (outside any transaction); an error
+	// fails the operation. A cluster server acquires the new inode here.
+	OnAllocIno func(ino ids.Ino) error
+	// NoOrphanPurge skips the purge of unlinked inodes at open: in a
+	// cluster the records are replicated and only an inode's owner may
+	// delete them.
+	NoOrphanPurge bool
 
 	// valueThreshold overrides where values go (LSM below, value log at or
 	// above); for the benchmark that chose the default.
@@ -170,8 +187,15 @@ func (e *DataDirInUseError) Is(target error) bool { return target == ErrDataDirI
 
 // Store is a server's badger store: namespace, attributes, xattrs, symlinks
 // and file data. Safe for concurrent use: each operation is one transaction,
-// retried when it conflicts with a concurrent one.
+// retried when it conflicts with a concurrent one. For(origin) gives a view
+// of the same store whose changes record the client request they are for
+// (store_done.go).
 type Store struct {
+	*storeCore
+	origin Origin
+}
+
+type storeCore struct {
 	kv       kvStore
 	db       *badger.DB
 	log      *slog.Logger
@@ -180,6 +204,8 @@ type Store struct {
 	lock     *os.File
 	onCommit func([]Write)
 	ownerEp  func(ids.Ino) (ids.Epoch, error) // set after init: root and orphan purge are local
+	repl     func([]Write) error
+	onAlloc  func(ids.Ino) error
 
 	inoMu    sync.Mutex
 	nextIno  uint64 // next counter value to hand out
@@ -204,8 +230,8 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Store{log: log, server: opts.ServerID, dir: dir, onCommit: opts.OnCommit,
-		stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Store{storeCore: &storeCore{log: log, server: opts.ServerID, dir: dir, onCommit: opts.OnCommit,
+		stop: make(chan struct{}), done: make(chan struct{})}}
 	bopts := badger.DefaultOptions("")
 	if opts.InMemory {
 		s.dir = ""
@@ -262,6 +288,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
 	}
 	s.ownerEp = opts.OwnerEpoch
+	s.repl, s.onAlloc = opts.Replicate, opts.OnAllocIno
 	if opts.InMemory {
 		close(s.done)
 	} else {
@@ -355,7 +382,7 @@ func (s *Store) init(opts StoreOptions) error {
 		tx.addInode(root)
 		return nil
 	})
-	if err != nil {
+	if err != nil || opts.NoOrphanPurge {
 		return err
 	}
 	return s.purgeOrphans()
@@ -479,6 +506,11 @@ func (s *Store) update(fn func(tx *Tx) error) (*Tx, error) {
 			if err := tx.flush(); err != nil {
 				return err
 			}
+			if s.origin.Client != 0 && len(tx.writes) > 0 {
+				if err := tx.recordDone(s.origin, time.Now().UnixNano()); err != nil {
+					return err
+				}
+			}
 			return tx.stampOwned(s.ownerEp)
 		})
 		if err != errConflict {
@@ -491,6 +523,9 @@ func (s *Store) update(fn func(tx *Tx) error) (*Tx, error) {
 	}
 	if err == nil && s.onCommit != nil && len(tx.writes) > 0 {
 		s.onCommit(tx.writes)
+	}
+	if err == nil && s.repl != nil && len(tx.writes) > 0 {
+		err = s.repl(tx.writes)
 	}
 	tx.releaseBufs()
 	return tx, err

@@ -313,6 +313,9 @@ func (s *Store) Purge(ino ids.Ino) error {
 			if err := tx.delXattrs(ino); err != nil {
 				return err
 			}
+			if err := tx.delDone(ino); err != nil {
+				return err
+			}
 			if modeType(n.Mode) == syscall.S_IFLNK {
 				if err := tx.del(tx.key(recSymlink, ino, nil)); err != nil {
 					return err

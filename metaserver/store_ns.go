@@ -209,6 +209,11 @@ func (s *Store) mknod(parent ids.Ino, name string, mode, uid, gid, rdev uint32, 
 	if err != nil {
 		return Attr{}, err
 	}
+	if s.onAlloc != nil {
+		if err := s.onAlloc(ino); err != nil {
+			return Attr{}, err
+		}
+	}
 	var a Attr
 	_, err = s.update(func(tx *Tx) error {
 		dir, err := tx.dir(parent)
@@ -443,6 +448,9 @@ func (tx *Tx) removeDir(d *inode) error {
 		return wire.Err(wire.CodeNotEmpty)
 	}
 	if err := tx.delXattrs(d.Ino); err != nil {
+		return err
+	}
+	if err := tx.delDone(d.Ino); err != nil {
 		return err
 	}
 	d.Nlink = 0

@@ -47,7 +47,7 @@ import (
 
 // replPrefixes are the record kinds replicated with an inode, in key order,
 // its 'E' state excluded.
-var replPrefixes = [...]byte{recAttr, recCookie, recEntry, recChunk, recSymlink, recXattr}
+var replPrefixes = [...]byte{recAttr, recCookie, recEntry, recChunk, recSymlink, recDone, recXattr}
 
 // MaxIno is the largest inode number; a digest page through it is the last.
 const MaxIno = ids.Ino(^uint64(0))
@@ -580,7 +580,7 @@ type DigestPage struct {
 func (p DigestPage) Last() bool { return p.Through == MaxIno }
 
 // digestPrefixes are every kind an inode can have, 'E' included, in key order.
-var digestPrefixes = [...]byte{recAttr, recCookie, recEntry, recRepl, recChunk, recSymlink, recXattr}
+var digestPrefixes = [...]byte{recAttr, recCookie, recEntry, recRepl, recChunk, recSymlink, recDone, recXattr}
 
 // Digest returns the page of at most max inodes (0: 1024) after after,
 // ending at the last inode it holds, or at MaxIno if no inode follows. Walk
@@ -732,4 +732,43 @@ func DiffDigests(local, peer DigestPage) (fetch, diverged []ids.Ino, err error) 
 		}
 	}
 	return fetch, diverged, nil
+}
+
+// RestampInode moves a replica that holds exactly (epoch, version) of ino
+// to (newEpoch, version) without touching its records: a new owner whose
+// recovered state a replica already holds need not send it (within an
+// epoch, a version names one state). It reports false, changing nothing,
+// if the replica holds another state; a *StaleEpochError if it has seen an
+// epoch newer than newEpoch. Version 0 names no state (each server's own
+// root starts unstamped), so it is refused with ErrBadChange. Synced.
+func (s *Store) RestampInode(ino ids.Ino, epoch ids.Epoch, version uint64, newEpoch ids.Epoch) (bool, error) {
+	if version == 0 || newEpoch == 0 || epoch > newEpoch {
+		return false, fmt.Errorf("%w: restamp %v from %v/%d to %v", ErrBadChange, ino, epoch, version, newEpoch)
+	}
+	done, wrote := false, false
+	err := s.rawUpdate(func(tx *Tx) error {
+		done, wrote = false, false
+		seen, err := tx.replState(ino)
+		if err != nil {
+			return err
+		}
+		switch {
+		case seen.epoch > newEpoch:
+			return &StaleEpochError{Ino: ino, Offered: newEpoch, Seen: seen.epoch}
+		case seen == replState{newEpoch, version}:
+			done = true
+			return nil
+		case seen != replState{epoch, version}:
+			return nil
+		}
+		done, wrote = true, true
+		return tx.kv.set(tx.key(recRepl, ino, nil), replState{newEpoch, version}.encode(make([]byte, 0, replSize)))
+	})
+	if err != nil {
+		return false, fmt.Errorf("metaserver: restamp %v: %w", ino, err)
+	}
+	if wrote {
+		return true, s.kv.sync()
+	}
+	return done, nil
 }

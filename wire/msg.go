@@ -65,6 +65,17 @@ func (o Op) String() string {
 // Valid reports whether o is a known operation.
 func (o Op) Valid() bool { return o > 0 && o < opEnd }
 
+// Changes reports whether o changes the file system, so that applying it
+// twice could differ from applying it once: such requests carry a ReqID.
+func (o Op) Changes() bool {
+	switch o {
+	case OpSetAttr, OpCreate, OpMkdir, OpSymlink, OpLink, OpUnlink, OpRmdir, OpRename,
+		OpWrite, OpSetXattr, OpRemoveXattr:
+		return true
+	}
+	return false
+}
+
 // Ops lists every operation, for metrics.
 func Ops() []Op {
 	out := make([]Op, 0, opEnd-1)
@@ -229,8 +240,12 @@ type Request struct {
 	Atime, Mtime, Ctime  int64
 	LockMode             LockMode
 	Version              uint64 // reclaim: the version dirty data was based on
-	Lk                   PosixLk
-	Data                 []byte
+	// ReqID names a change (Op.Changes) across resends: a server that
+	// finds it applied answers from the current state (client ID + ReqID
+	// is unique; 0: not a change).
+	ReqID uint64
+	Lk    PosixLk
+	Data  []byte
 }
 
 // Append encodes r after b.
@@ -257,6 +272,7 @@ func (r *Request) Append(b []byte) []byte {
 	e.i64(r.Ctime)
 	e.u8(uint8(r.LockMode))
 	e.u64(r.Version)
+	e.u64(r.ReqID)
 	e.lk(&r.Lk)
 	e.bytes(r.Data)
 	return e.b
@@ -287,6 +303,7 @@ func ParseRequest(b []byte) (*Request, error) {
 	r.Ctime = d.i64()
 	r.LockMode = LockMode(d.u8())
 	r.Version = d.u64()
+	r.ReqID = d.u64()
 	d.lk(&r.Lk)
 	r.Data = d.bytes(MaxData)
 	if err := d.end(); err != nil {

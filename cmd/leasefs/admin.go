@@ -113,8 +113,9 @@ func runAdmin(argv []string) error {
 			"  status          server id, uptime, lease parameters, peers, store size\n"+
 			"  clients         sessions: client, host, address, lease state, last request, locks\n"+
 			"  locks           data locks (S/X), flock and fcntl locks, queued requests\n"+
-			"  owners          inode ownership (single server: all its own, epoch 0)\n"+
+			"  owners          inodes this server owns: epoch, lease expiry (single server: all its own, epoch 0)\n"+
 			"  counters        request, NACK, lock and failure counters\n"+
+			"  checksum        hash of every replicated record: equal on servers whose replicas agree\n"+
 			"  evict CLIENT    fail CLIENT now: it gets NACKs, its locks are stolen after τ(1+δ)\n"+
 			"Mount commands:\n"+
 			"  status          session, lease time left, cache size, locks, counters")
@@ -183,6 +184,9 @@ func runAdmin(argv []string) error {
 	case cmd == "counters":
 		body, err = get("/api/counters")
 		printer = printCounters
+	case cmd == "checksum":
+		body, err = get("/api/checksum")
+		printer = printChecksum
 	default:
 		return fmt.Errorf("unknown admin command %q", cmd)
 	}
@@ -397,4 +401,13 @@ func printMount(w io.Writer, body []byte) error {
 			fmt.Fprintf(tw, "%d\t%v\t%d\n", uint64(g.Ino), g.Mode, g.Seq)
 		}
 	})
+}
+
+func printChecksum(w io.Writer, body []byte) error {
+	c, err := decode[metaserver.ChecksumInfo](body)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "server %v  checksum %s  (%s)\n", c.Server, c.Checksum, c.Took)
+	return err
 }

@@ -3,8 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
+	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -14,10 +19,56 @@ import (
 )
 
 type serveFlags struct {
-	cfg     metaserver.Config
-	id      uint8
-	faults  string
-	logging logFlags
+	cfg      metaserver.Config
+	id       uint8
+	faults   string
+	peers    string
+	identity string
+	logging  logFlags
+}
+
+// parsePeers reads "1=HOST:PORT,2=HOST:PORT,...".
+func parsePeers(s string) (map[ids.ServerID]string, error) {
+	out := map[ids.ServerID]string{}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		idStr, addr, ok := strings.Cut(part, "=")
+		if !ok || addr == "" {
+			return nil, fmt.Errorf("--peers: %q is not ID=HOST:PORT", part)
+		}
+		n, err := strconv.ParseUint(idStr, 10, 8)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("--peers: server id %q must be 1..255", idStr)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("--peers: %q: %w", addr, err)
+		}
+		if _, dup := out[ids.ServerID(n)]; dup {
+			return nil, fmt.Errorf("--peers: server %d listed twice", n)
+		}
+		out[ids.ServerID(n)] = addr
+	}
+	return out, nil
+}
+
+// loadIdentityFile reads a cluster identity (another server's DATA/identity).
+func loadIdentityFile(path string) (*transport.Identity, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--identity-file: %w", err)
+	}
+	id, err := transport.ParseIdentity(data)
+	if err != nil {
+		if _, terr := transport.ParseToken(string(data)); terr == nil {
+			return nil, fmt.Errorf("%s holds only the join token (certificate hash and secret), which lets clients in; "+
+				"a server also needs the cluster's private key: pass the first server's DATA/identity file (mode 0600)", path)
+		}
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return id, nil
 }
 
 // parse adds the flags serve and up share after the command's own (added
@@ -58,12 +109,23 @@ func (f *serveFlags) parse(name, args, desc string, argv []string, own func(*pfl
 func runServe(argv []string) error {
 	var f serveFlags
 	rest, err := f.parse("serve", "--data DIR [--listen HOST:PORT] [flags]",
-		"Run a leasefs server. On first start it creates the cluster identity and writes the join\n"+
-			"token to DIR/token (mode 0600); clients need that token to mount.", argv,
+		"Run a leasefs server. On first start it creates the cluster identity (DIR/identity) and\n"+
+			"writes the join token to DIR/token (mode 0600); clients need that token to mount.\n\n"+
+			"A cluster: start the first server with --id 1 --peers 1=A:P,2=B:P,3=C:P; copy its\n"+
+			"DIR/identity to the others and start each with its --id, the same --peers and\n"+
+			"--identity-file COPY on a fresh data directory. Mount with --server A:P,B:P,C:P.", argv,
 		func(fs *pflag.FlagSet) {
 			fs.StringVar(&f.cfg.Dir, "data", "", "data directory: the badger store, the cluster identity and DIR/token (required)")
 			fs.StringVar(&f.cfg.Listen, "listen", f.cfg.Listen, "HOST:PORT to serve clients on (QUIC over UDP)")
 			fs.Uint8Var(&f.id, "id", f.id, "this server's id in the cluster, 1..255")
+			fs.StringVar(&f.peers, "peers", "", "every server of the cluster, this one included: 1=HOST:PORT,2=HOST:PORT,3=HOST:PORT\n(none: a single server)")
+			fs.DurationVar(&f.cfg.OwnershipLease, "ownership-lease", f.cfg.OwnershipLease, "PaxosLease period T of inode ownership among the servers")
+			fs.StringVar(&f.identity, "identity-file", "", "start a fresh data directory with this cluster's identity: the first server's\nDATA/identity (certificate, key and secret; mode 0600). A data directory that\nholds another cluster's identity refuses to start")
+			fs.StringVar(&f.identity, "token-file", "", "same as --identity-file (a plain client token is not enough for a server)")
+			fs.DurationVar(&f.cfg.IdleRelease, "idle-release", f.cfg.IdleRelease, "release ownership of an inode unused (and unlocked) this long")
+			fs.DurationVar(&f.cfg.AntiEntropy, "anti-entropy", f.cfg.AntiEntropy, "how often a server compares its replica with its peers and catches up")
+			_ = fs.MarkHidden("idle-release")
+			_ = fs.MarkHidden("anti-entropy")
 			addAdminFlag(fs) // --admin HOST:PORT, default off (admin.go)
 		})
 	if err != nil {
@@ -74,6 +136,19 @@ func runServe(argv []string) error {
 	}
 	if f.cfg.Dir == "" {
 		return fmt.Errorf("--data DIR is required")
+	}
+	if f.peers != "" {
+		if f.cfg.Peers, err = parsePeers(f.peers); err != nil {
+			return err
+		}
+		if _, ok := f.cfg.Peers[f.cfg.ServerID]; !ok {
+			return fmt.Errorf("--peers does not list this server's --id %d", f.id)
+		}
+	}
+	if f.identity != "" {
+		if f.cfg.Identity, err = loadIdentityFile(f.identity); err != nil {
+			return err
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -87,5 +162,7 @@ func runServe(argv []string) error {
 	}
 	<-ctx.Done()
 	f.cfg.Logger.Info("shutting down")
-	return srv.Close()
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return srv.Shutdown(sctx) // hands owned inodes over to the other servers
 }

@@ -1,0 +1,1075 @@
+package metaserver
+
+// Cluster mode (DESIGN.md, "Servers, ownership and replication"): per-inode
+// ownership by PaxosLease (package cluster), recovery of an inode's state
+// from a majority on a fresh acquire, replication of every change to a
+// majority before the reply, hand-over of inodes between servers, and
+// anti-entropy for servers that were down or cut off.
+//
+// # Request path
+//
+// underLocks (ops.go) first makes this server the recovered owner of every
+// inode an operation touches, in ascending inode order (own), holding no
+// client lock meanwhile: a server asked to hand an inode over must be able
+// to revoke its clients' locks. Then it takes the client locks and checks
+// ownership once more: an inode handed over while the operation waited for
+// its lock is owned again from the start. The store is opened with
+// OwnerEpoch (ownerEpoch: a change commits only while this server owns
+// every inode it writes, recovered under the current epoch) and Replicate
+// (replicate: the change reaches a majority, this server's synced store
+// included, before the operation returns).
+//
+// # Safety
+//
+//   - Fencing: every replica rejects records of an older epoch than one it
+//     has seen for the inode (store_repl.go); a recovered owner has written
+//     its epoch to a majority before it serves, so a deposed owner can never
+//     again reach a majority.
+//   - A fresh owner that did not get the inode by a confirmed hand-over
+//     (the previous owner crashed, was cut off, or we cannot tell) grants no
+//     client lock on it for τ(1+δ) after its acquire: the old owner's
+//     clients may trust their locks until then. Phase 1 has no lock
+//     reclaim on the server, so during the grace every lock request on the
+//     inode waits (stricter than DESIGN.md's "no conflicting lock except
+//     reclaims"); clients reclaim buffered writes after it by their
+//     version check (WriteIfVersion).
+//   - An inode with client locks is pinned (never released for idleness);
+//     if its lease lapses anyway the clients that hold locks on it are
+//     failed (NACK), never ACKed again (onLost).
+//
+// # Limits (phase 1)
+//
+//   - An inode's state moves between servers in one peer call, so an inode
+//     whose records exceed transport.MaxBody (a file of about 4 MiB) can be
+//     replicated change by change but not recovered by another server, nor
+//     pushed to a lagging replica: such requests fail with CodeUnavailable
+//     and are logged.
+//   - Open-but-unlinked files are counted per server.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/locks"
+	"github.com/leasefs/leasefs/metaserver/cluster"
+	"github.com/leasefs/leasefs/transport"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// ClusterStats are a cluster server's replication and ownership counters.
+type ClusterStats struct {
+	Recoveries     int64 `json:"recoveries"`      // fresh acquires recovered from a majority
+	GracesStarted  int64 `json:"graces_started"`  // recoveries without a clean hand-over
+	HandoversAsked int64 `json:"handovers_asked"` // inodes this server asked another for
+	HandoversGiven int64 `json:"handovers_given"` // inodes it handed over
+	HandoverMaxMs  int64 `json:"handover_max_ms"` // longest hand-over served here
+	Replicated     int64 `json:"replicated"`      // changes acknowledged by a majority
+	ReplFailed     int64 `json:"repl_failed"`     // changes that did not reach a majority
+	StatePushes    int64 `json:"state_pushes"`    // inode states sent to lagging replicas
+	StaleRejected  int64 `json:"stale_rejected"`  // our changes a replica fenced off
+	LostWithLocks  int64 `json:"lost_with_locks"` // leases lapsed while clients held locks
+	AntiEntropy    int64 `json:"anti_entropy"`    // anti-entropy rounds completed
+	CaughtUp       int64 `json:"caught_up"`       // inodes fetched by anti-entropy
+}
+
+type clusterStats struct {
+	recoveries, graces, handoversAsked, handoversGiven, handoverMaxMs atomic.Int64
+	replicated, replFailed, statePushes, staleRejected, lostWithLocks atomic.Int64
+	antiEntropy, caughtUp                                             atomic.Int64
+}
+
+type peerHealth struct {
+	lastOK   time.Time
+	lastFail time.Time
+}
+
+// clusterState is a server's cluster mode; nil on a single server.
+type clusterState struct {
+	s      *Server
+	log    *slog.Logger
+	self   ids.ServerID
+	others []ids.ServerID
+	size   int
+	node   atomic.Pointer[cluster.Node]
+
+	lease      time.Duration // T
+	graceTime  time.Duration // τ(1+δ)
+	callWait   time.Duration // one peer call
+	acquireFor time.Duration // how long own keeps trying
+
+	ownMu [64]sync.Mutex // serialises acquire+recover of one inode (striped)
+
+	mu        sync.Mutex
+	recovered map[ids.Ino]ids.Epoch // inodes recovered under the epoch we own them by
+	grace     map[ids.Ino]time.Time // no client lock before this
+	pinned    map[ids.Ino]bool
+	health    map[ids.ServerID]*peerHealth
+
+	stats clusterStats
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+func errUnavailable(format string, a ...any) error {
+	return wire.Errf(wire.CodeUnavailable, format, a...)
+}
+
+// clustered reports whether cfg asks for cluster mode: more than one server.
+func (c *Config) clustered() bool { return len(c.Peers) > 1 }
+
+func newClusterState(s *Server) *clusterState {
+	cfg := s.cfg
+	c := &clusterState{s: s, log: cfg.Logger, self: cfg.ServerID, size: len(cfg.Peers),
+		lease:     cfg.OwnershipLease,
+		graceTime: time.Duration(float64(cfg.ClientLease)*(1+cfg.ClockDrift)) + time.Millisecond,
+		recovered: map[ids.Ino]ids.Epoch{}, grace: map[ids.Ino]time.Time{},
+		pinned: map[ids.Ino]bool{}, health: map[ids.ServerID]*peerHealth{}, stop: make(chan struct{})}
+	for id := range cfg.Peers {
+		if id != c.self {
+			c.others = append(c.others, id)
+			c.health[id] = &peerHealth{}
+		}
+	}
+	slices.Sort(c.others)
+	c.callWait = max(c.lease, time.Second)
+	// a lapsed owner's lease runs out within T(1+δ); then recovery and a
+	// hand-over of a busy inode (revocations: delivery timeout, or a
+	// failed client's τ(1+δ))
+	c.acquireFor = 2*c.lease + c.graceTime + cfg.DeliveryTimeout + time.Second
+	return c
+}
+
+// startNode starts the PaxosLease node once the transport listens.
+func (c *clusterState) startNode(id *transport.Identity, minEpoch ids.Epoch) error {
+	cfg := c.s.cfg
+	ncfg := cluster.DefaultConfig(cfg.ServerID, cfg.Peers, cfg.Dir, id.TokenValue())
+	ncfg.LeaseTime = cfg.OwnershipLease
+	ncfg.Drift = cfg.ClockDrift
+	ncfg.MinEpoch = minEpoch
+	ncfg.IdleRelease = cfg.IdleRelease
+	ncfg.Faults = cfg.Faults
+	ncfg.Logger = cfg.Logger
+	n, err := cluster.New(ncfg)
+	if err != nil {
+		return fmt.Errorf("metaserver: cluster: %w", err)
+	}
+	n.OnLost(c.onLost)
+	p := n.Peers()
+	p.Handle(callApply, c.handleApply)
+	p.Handle(callReplState, c.handleReplState)
+	p.Handle(callState, c.handleState)
+	p.Handle(callReplace, c.handleReplace)
+	p.Handle(callRestamp, c.handleRestamp)
+	p.Handle(callHandover, c.handleHandover)
+	p.Handle(callDigest, c.handleDigest)
+	c.node.Store(n)
+	c.wg.Add(2)
+	go c.pinLoop()
+	go c.antiEntropyLoop()
+	c.log.Info("cluster mode", "server_id", cfg.ServerID, "peers", cfg.Peers, "ownership_lease", cfg.OwnershipLease,
+		"boot", n.Boot(), "min_epoch", minEpoch)
+	return nil
+}
+
+// close stops the loops and the node, like a crash (shutdown: leases
+// handed over first).
+func (c *clusterState) close(ctx context.Context, graceful bool) {
+	select {
+	case <-c.stop:
+		return
+	default:
+	}
+	close(c.stop)
+	if n := c.node.Load(); n != nil {
+		if graceful {
+			_ = n.Shutdown(ctx)
+		} else {
+			_ = n.Close()
+		}
+	}
+	c.wg.Wait()
+}
+
+// handlePeer routes a peer frame to the node.
+func (c *clusterState) handlePeer(ctx context.Context, tr *transport.Request) []byte {
+	n := c.node.Load()
+	if n == nil {
+		return append([]byte{cluster.PeerMagic, 1}, "server starting"...)
+	}
+	return n.HandlePeer(ctx, tr)
+}
+
+// ready reports whether this server owns ino now, recovered under the
+// current epoch.
+func (c *clusterState) ready(n *cluster.Node, ino ids.Ino) (ids.Epoch, bool) {
+	ep, ok := n.Owns(ino)
+	if !ok {
+		return 0, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return ep, c.recovered[ino] == ep
+}
+
+// ownerEpoch is the store's OwnerEpoch: a change to ino commits only while
+// this server is its recovered owner.
+func (c *clusterState) ownerEpoch(ino ids.Ino) (ids.Epoch, error) {
+	n := c.node.Load()
+	if n == nil {
+		return 0, errUnavailable("server starting")
+	}
+	ep, ok := c.ready(n, ino)
+	if !ok {
+		return 0, errUnavailable("%v is not owned by %v", ino, c.self)
+	}
+	return ep, nil
+}
+
+// onAlloc acquires a new inode for the server that creates it: nobody
+// else can know the number (server id in its high bits, never reused), so
+// there is nothing to recover and no grace.
+func (c *clusterState) onAlloc(ino ids.Ino) error {
+	n := c.node.Load()
+	if n == nil {
+		return errUnavailable("server starting")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.acquireFor)
+	defer cancel()
+	ep, err := n.Acquire(ctx, ino)
+	var q *cluster.QuarantineError
+	for errors.As(err, &q) && sleepCtx(ctx, q.Left) {
+		ep, err = n.Acquire(ctx, ino)
+	}
+	if err != nil {
+		return c.acquireErr(ino, err)
+	}
+	c.mu.Lock()
+	c.recovered[ino] = ep
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *clusterState) acquireErr(ino ids.Ino, err error) error {
+	var q *cluster.QuarantineError
+	if errors.As(err, &q) {
+		return errUnavailable("server restarting: sits out PaxosLease for %v more", q.Left.Round(time.Millisecond))
+	}
+	if errors.Is(err, context.Canceled) {
+		return wire.Err(wire.CodeInterrupted)
+	}
+	return errUnavailable("cannot own %v: %v", ino, err)
+}
+
+// ownAll makes this server the recovered owner of every inode (ascending,
+// zero skipped), then waits out their graces.
+func (c *clusterState) ownAll(ctx context.Context, inos []ids.Ino) error {
+	for i, ino := range inos {
+		if ino == 0 || i > 0 && inos[i-1] == ino {
+			continue
+		}
+		if err := c.own(ctx, ino); err != nil {
+			return err
+		}
+	}
+	for _, ino := range inos {
+		c.mu.Lock()
+		until, ok := c.grace[ino]
+		if ok && !time.Now().Before(until) {
+			delete(c.grace, ino)
+			ok = false
+		}
+		c.mu.Unlock()
+		if !ok {
+			continue
+		}
+		t := time.NewTimer(time.Until(until))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return wire.Err(wire.CodeInterrupted)
+		}
+	}
+	return nil
+}
+
+// stillOwned reports whether this server is still the recovered owner of
+// every inode (after waiting for client locks).
+func (c *clusterState) stillOwned(inos []ids.Ino) bool {
+	n := c.node.Load()
+	for _, ino := range inos {
+		if ino == 0 {
+			continue
+		}
+		if _, ok := c.ready(n, ino); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// own makes this server the recovered owner of ino: acquire, asking the
+// current owner to hand it over, then recover it from a majority.
+func (c *clusterState) own(ctx context.Context, ino ids.Ino) error {
+	n := c.node.Load()
+	if n == nil {
+		return errUnavailable("server starting")
+	}
+	if _, ok := c.ready(n, ino); ok {
+		n.Touch(ino)
+		return nil
+	}
+	mu := &c.ownMu[ino%ids.Ino(len(c.ownMu))]
+	mu.Lock()
+	defer mu.Unlock()
+	deadline := time.Now().Add(c.acquireFor)
+	octx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	handedOver := false
+	// The hand-over call runs beside the acquire attempts: a dead owner
+	// never answers, and its lease lapses within T(1+δ).
+	var handover chan error
+	for {
+		if _, ok := c.ready(n, ino); ok {
+			n.Touch(ino)
+			return nil
+		}
+		ep, err := n.Acquire(octx, ino)
+		acquired := time.Now()
+		var no *cluster.NotOwnerError
+		var q *cluster.QuarantineError
+		switch {
+		case err == nil:
+			return c.recover(ctx, n, ino, ep, handedOver, acquired)
+		case errors.As(err, &q):
+			// a restarted server sits out at most T(1+δ): wait rather
+			// than send the client elsewhere
+			sleepCtx(octx, q.Left)
+		case errors.As(err, &no) && no.Owner != c.self:
+			if handover == nil {
+				c.stats.handoversAsked.Add(1)
+				handover = make(chan error, 1)
+				owner := no.Owner
+				go func() { handover <- c.askHandover(octx, n, owner, ino) }()
+			}
+			t := time.NewTimer(max(c.lease/20, time.Millisecond))
+			select {
+			case herr := <-handover:
+				handover = nil
+				if herr == nil {
+					handedOver = true
+				} else {
+					c.log.Debug("hand-over refused or failed", "ino", ino, "owner", no.Owner, "err", herr)
+				}
+			case <-t.C:
+			case <-octx.Done():
+			}
+			t.Stop()
+		case ctx.Err() != nil:
+			return wire.Err(wire.CodeInterrupted)
+		default:
+			return c.acquireErr(ino, err)
+		}
+		if octx.Err() != nil {
+			if ctx.Err() != nil {
+				return wire.Err(wire.CodeInterrupted)
+			}
+			return errUnavailable("cannot own %v: its owner neither hands it over nor lapses", ino)
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// askHandover asks owner to hand ino over: nil once it released it.
+func (c *clusterState) askHandover(ctx context.Context, n *cluster.Node, owner ids.ServerID, ino ids.Ino) error {
+	e := &enc{}
+	e.u64(uint64(ino))
+	rep, err := n.Peers().Call(ctx, owner, callHandover, e.b)
+	c.noteCall(owner, err)
+	if err != nil {
+		return err
+	}
+	_, err = replyErr(rep)
+	return err
+}
+
+// handleHandover serves another server's request for an inode we own: the
+// same revocation path as a conflicting client request (a pseudo client,
+// the asking server, takes X, which revokes every client's lock and fails
+// clients that do not acknowledge), then the lease is released.
+func (c *clusterState) handleHandover(ctx context.Context, from ids.ServerID, body []byte) []byte {
+	d := &dec{b: body}
+	ino := ids.Ino(d.u64())
+	if d.err != nil {
+		return statusReply(d.err)
+	}
+	n := c.node.Load()
+	if _, ok := n.Owns(ino); !ok {
+		return []byte{stNotOwner}
+	}
+	start := time.Now()
+	// Hold the inode's acquire stripe: a local request recovering it
+	// meanwhile would otherwise race our release.
+	mu := &c.ownMu[ino%ids.Ino(len(c.ownMu))]
+	mu.Lock()
+	defer mu.Unlock()
+	pseudo := cluster.PeerClientID(from)
+	hctx, cancel := context.WithTimeout(ctx, c.acquireFor)
+	defer cancel()
+	h, err := c.s.lm.acquire(hctx, pseudo, ino, locks.Exclusive)
+	if err != nil {
+		return statusReply(fmt.Errorf("hand-over of %v: revoking client locks: %w", ino, err))
+	}
+	c.mu.Lock()
+	delete(c.recovered, ino)
+	delete(c.grace, ino)
+	c.mu.Unlock()
+	n.Release(ino)
+	c.s.lm.done(h)
+	c.s.lm.release(pseudo, ino, locks.None, h.grant.Seq)
+	ms := time.Since(start).Milliseconds()
+	c.stats.handoversGiven.Add(1)
+	for {
+		old := c.stats.handoverMaxMs.Load()
+		if ms <= old || c.stats.handoverMaxMs.CompareAndSwap(old, ms) {
+			break
+		}
+	}
+	c.log.Debug("handed inode over", "ino", ino, "to", from, "took", time.Since(start))
+	return []byte{stOK}
+}
+
+// peerResult is one peer's answer in a fan-out.
+type peerResult struct {
+	id  ids.ServerID
+	rep []byte
+	err error
+}
+
+// fanOut calls fn for every other server concurrently and returns a channel
+// of their results (buffered: stragglers never block).
+func (c *clusterState) fanOut(ctx context.Context, fn func(ctx context.Context, p ids.ServerID) ([]byte, error)) <-chan peerResult {
+	ch := make(chan peerResult, len(c.others))
+	for _, p := range c.others {
+		go func() {
+			rep, err := fn(ctx, p)
+			ch <- peerResult{p, rep, err}
+		}()
+	}
+	return ch
+}
+
+// call is one peer call that records the peer's health.
+func (c *clusterState) call(ctx context.Context, n *cluster.Node, p ids.ServerID, kind byte, body []byte) ([]byte, error) {
+	rep, err := n.Peers().Call(ctx, p, kind, body)
+	c.noteCall(p, err)
+	return rep, err
+}
+
+func (c *clusterState) noteCall(p ids.ServerID, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.health[p]
+	if h == nil {
+		return
+	}
+	if err == nil {
+		h.lastOK = time.Now()
+	} else {
+		h.lastFail = time.Now()
+	}
+}
+
+// down reports whether p failed its last call within the last lease: not
+// waited for when enough others are up (anti-entropy catches it up).
+func (c *clusterState) down(p ids.ServerID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h := c.health[p]
+	return h != nil && h.lastFail.After(h.lastOK) && time.Since(h.lastFail) < c.lease
+}
+
+func (c *clusterState) majority() int { return c.size/2 + 1 }
+
+type replVersion struct {
+	epoch   ids.Epoch
+	version uint64
+}
+
+func (r replVersion) less(o replVersion) bool {
+	return r.epoch < o.epoch || r.epoch == o.epoch && r.version < o.version
+}
+
+// recover makes the inode's newest state among a majority this server's,
+// stamped with its epoch ep on a majority, before it serves the inode
+// (DESIGN.md: the new owner reads the inode from a majority, takes the
+// newest, writes it back under its own epoch).
+func (c *clusterState) recover(ctx context.Context, n *cluster.Node, ino ids.Ino, ep ids.Epoch, handedOver bool, acquired time.Time) error {
+	rctx, cancel := context.WithTimeout(ctx, c.callWait)
+	defer cancel()
+	q := &enc{}
+	q.u64(uint64(ino))
+	ch := c.fanOut(rctx, func(ctx context.Context, p ids.ServerID) ([]byte, error) {
+		return c.call(ctx, n, p, callReplState, q.b)
+	})
+	le, lv, err := c.s.store.ReplicaState(ino)
+	if err != nil {
+		return err
+	}
+	states := map[ids.ServerID]replVersion{c.self: {le, lv}}
+	best, bestAt := replVersion{le, lv}, c.self
+	// Once a majority answered, wait a little for the rest: a replica
+	// that holds the newest state already needs only a restamp; a dead one
+	// must not hold the recovery up.
+	var extra <-chan time.Time
+	for answered := 0; answered < len(c.others); {
+		var r peerResult
+		select {
+		case r = <-ch:
+			answered++
+		case <-extra:
+			answered = len(c.others)
+			continue
+		}
+		if r.err != nil {
+			continue
+		}
+		d, err := replyErr(r.rep)
+		e, v := ids.Epoch(d.u64()), d.u64()
+		if err != nil || d.err != nil {
+			continue
+		}
+		rv := replVersion{e, v}
+		states[r.id] = rv
+		if best.less(rv) {
+			best, bestAt = rv, r.id
+		}
+		if extra == nil && len(states) >= c.majority() {
+			extra = time.After(max(c.lease/20, 5*time.Millisecond))
+		}
+	}
+	if len(states) < c.majority() {
+		return errUnavailable("recovering %v: %d of %d servers answered", ino, len(states), c.size)
+	}
+	if best.epoch > ep {
+		// a replica has seen a newer owner: ours is already over
+		n.Release(ino)
+		return errUnavailable("recovering %v: a newer owner (epoch %v) exists", ino, best.epoch)
+	}
+	// This server usually holds the newest state already (changes go to
+	// every replica): then it only restamps it, whatever the inode's size.
+	// Otherwise the state comes in one message from a replica that has it.
+	exists := best.version > 0
+	if states[c.self] == best && best.version > 0 {
+		done, err := c.s.store.RestampInode(ino, best.epoch, best.version, ep)
+		if err == nil && !done {
+			err = fmt.Errorf("local replica moved from %v/%d during recovery", best.epoch, best.version)
+		}
+		if err != nil {
+			if errors.Is(err, ErrStaleEpoch) {
+				n.Release(ino)
+			}
+			return errUnavailable("recovering %v: %v", ino, err)
+		}
+	} else {
+		var snap InodeSnapshot
+		if bestAt == c.self {
+			snap, err = c.s.store.InodeState(ino)
+		} else {
+			var rep []byte
+			rep, err = c.call(rctx, n, bestAt, callState, q.b)
+			if err == nil {
+				var d *dec
+				if d, err = replyErr(rep); err == nil {
+					snap = d.snapshot()
+					err = d.err
+				}
+			}
+		}
+		if err != nil {
+			return errUnavailable("recovering %v: reading its state: %v", ino, err)
+		}
+		if err := c.s.store.ReplaceInode(snap, ep); err != nil {
+			if errors.Is(err, ErrStaleEpoch) {
+				n.Release(ino)
+			}
+			return errUnavailable("recovering %v: %v", ino, err)
+		}
+		exists = len(snap.Records) > 0
+	}
+	acks := 1
+	wctx, wcancel := context.WithTimeout(ctx, c.callWait)
+	defer wcancel()
+	res := make(chan error, len(states))
+	for p, st := range states {
+		if p == c.self {
+			continue
+		}
+		go func() { res <- c.writeBack(wctx, n, p, ino, st, best, ep) }()
+	}
+	for range len(states) - 1 {
+		if err := <-res; err == nil {
+			acks++
+		} else if errors.Is(err, ErrStaleEpoch) {
+			n.Release(ino)
+			return errUnavailable("recovering %v: %v", ino, err)
+		}
+	}
+	if acks < c.majority() {
+		return errUnavailable("recovering %v: written back to %d of %d servers", ino, acks, c.size)
+	}
+	c.stats.recoveries.Add(1)
+	c.mu.Lock()
+	c.recovered[ino] = ep
+	if !handedOver && exists {
+		c.grace[ino] = acquired.Add(c.graceTime)
+		c.stats.graces.Add(1)
+	}
+	c.mu.Unlock()
+	c.log.Debug("recovered inode", "ino", ino, "epoch", ep, "from", bestAt, "state", best, "handed_over", handedOver)
+	return nil
+}
+
+// writeBack stamps the recovered state on replica p: a restamp if it holds
+// it already, else the whole state, read from this server's store (which
+// holds it under epoch ep by now).
+func (c *clusterState) writeBack(ctx context.Context, n *cluster.Node, p ids.ServerID, ino ids.Ino, has, best replVersion, ep ids.Epoch) error {
+	if has == best && best.version > 0 {
+		e := &enc{}
+		e.u64(uint64(ino))
+		e.u64(uint64(best.epoch))
+		e.u64(best.version)
+		e.u64(uint64(ep))
+		rep, err := c.call(ctx, n, p, callRestamp, e.b)
+		if err != nil {
+			return err
+		}
+		d, err := replyErr(rep)
+		if err != nil {
+			return err
+		}
+		if d.u8() == 1 {
+			return nil
+		}
+		// it moved on meanwhile: send the state
+	}
+	snap, err := c.s.store.InodeState(ino)
+	if err != nil {
+		return err
+	}
+	e := &enc{}
+	e.u64(uint64(ep))
+	e.snapshot(snap)
+	return c.replaceAt(ctx, n, p, e.b)
+}
+
+func (c *clusterState) replaceAt(ctx context.Context, n *cluster.Node, p ids.ServerID, body []byte) error {
+	if len(body) > transport.MaxBody-64 {
+		return fmt.Errorf("%w: inode state of %d bytes does not fit one peer call", ErrSnapshotTooBig, len(body))
+	}
+	rep, err := c.call(ctx, n, p, callReplace, body)
+	if err != nil {
+		return err
+	}
+	_, err = replyErr(rep)
+	return err
+}
+
+// replicate is the store's Replicate: the change goes to every replica and
+// counts once a majority, this server's synced store included, has it.
+func (c *clusterState) replicate(writes []Write) error {
+	changes := SplitByInode(writes)
+	if len(changes) == 0 {
+		return nil
+	}
+	n := c.node.Load()
+	body := encodeChanges(changes)
+	ctx, cancel := context.WithTimeout(context.Background(), c.callWait)
+	up := 0
+	for _, p := range c.others {
+		if !c.down(p) {
+			up++
+		}
+	}
+	skipDown := up+1 >= c.majority()
+	ch := make(chan error, len(c.others))
+	sent := 0
+	for _, p := range c.others {
+		if skipDown && c.down(p) {
+			continue
+		}
+		sent++
+		go func() { ch <- c.applyAt(ctx, n, p, body) }()
+	}
+	acks := 0
+	var firstErr error
+	if err := c.s.store.Sync(); err == nil {
+		acks = 1
+	} else {
+		firstErr = err
+	}
+	got := 0
+	for ; got < sent && acks < c.majority(); got++ {
+		if err := <-ch; err == nil {
+			acks++
+		} else if firstErr == nil || errors.Is(err, ErrStaleEpoch) {
+			firstErr = err
+		}
+	}
+	// stragglers finish in the background, within the call timeout
+	go func() {
+		for ; got < sent; got++ {
+			<-ch
+		}
+		cancel()
+	}()
+	if acks >= c.majority() {
+		c.stats.replicated.Add(int64(len(changes)))
+		return nil
+	}
+	c.stats.replFailed.Add(int64(len(changes)))
+	var stale *StaleEpochError
+	if errors.As(firstErr, &stale) {
+		// fenced: a newer owner exists; stop believing at once
+		c.stats.staleRejected.Add(1)
+		c.mu.Lock()
+		delete(c.recovered, stale.Ino)
+		c.mu.Unlock()
+		n.Release(stale.Ino)
+		return errUnavailable("%v has a newer owner", stale.Ino)
+	}
+	return errUnavailable("change reached %d of %d servers: %v", acks, c.size, firstErr)
+}
+
+// applyAt sends changes to p; a replica that lacks the inode's previous
+// state gets the whole state first.
+func (c *clusterState) applyAt(ctx context.Context, n *cluster.Node, p ids.ServerID, body []byte) error {
+	for try := 0; ; try++ {
+		rep, err := c.call(ctx, n, p, callApply, body)
+		if err != nil {
+			return err
+		}
+		_, err = replyErr(rep)
+		var gap *VersionGapError
+		if !errors.As(err, &gap) || try == 3 {
+			return err
+		}
+		snap, err := c.s.store.InodeState(gap.Ino)
+		if err != nil {
+			return err
+		}
+		e := &enc{}
+		e.u64(uint64(snap.Epoch))
+		e.snapshot(snap)
+		c.stats.statePushes.Add(1)
+		if err := c.replaceAt(ctx, n, p, e.b); err != nil {
+			return err
+		}
+	}
+}
+
+func (c *clusterState) handleApply(_ context.Context, _ ids.ServerID, body []byte) []byte {
+	changes, err := decodeChanges(body)
+	if err == nil {
+		err = c.s.store.ApplyReplica(changes)
+	}
+	return statusReply(err)
+}
+
+func (c *clusterState) handleReplState(_ context.Context, _ ids.ServerID, body []byte) []byte {
+	d := &dec{b: body}
+	ino := ids.Ino(d.u64())
+	if d.err != nil {
+		return statusReply(d.err)
+	}
+	ep, v, err := c.s.store.ReplicaState(ino)
+	if err != nil {
+		return statusReply(err)
+	}
+	e := &enc{}
+	e.u8(stOK)
+	e.u64(uint64(ep))
+	e.u64(v)
+	return e.b
+}
+
+func (c *clusterState) handleState(_ context.Context, _ ids.ServerID, body []byte) []byte {
+	d := &dec{b: body}
+	ino := ids.Ino(d.u64())
+	if d.err != nil {
+		return statusReply(d.err)
+	}
+	snap, err := c.s.store.InodeState(ino)
+	if err != nil {
+		return statusReply(err)
+	}
+	e := &enc{}
+	e.u8(stOK)
+	e.snapshot(snap)
+	if len(e.b) > transport.MaxBody-64 {
+		return statusReply(fmt.Errorf("%w: state of %v is %d bytes", ErrSnapshotTooBig, ino, len(e.b)))
+	}
+	return e.b
+}
+
+func (c *clusterState) handleReplace(_ context.Context, _ ids.ServerID, body []byte) []byte {
+	d := &dec{b: body}
+	ep := ids.Epoch(d.u64())
+	snap := d.snapshot()
+	if d.err != nil {
+		return statusReply(d.err)
+	}
+	return statusReply(c.s.store.ReplaceInode(snap, ep))
+}
+
+func (c *clusterState) handleRestamp(_ context.Context, _ ids.ServerID, body []byte) []byte {
+	d := &dec{b: body}
+	ino, ep, v, nep := ids.Ino(d.u64()), ids.Epoch(d.u64()), d.u64(), ids.Epoch(d.u64())
+	if d.err != nil {
+		return statusReply(d.err)
+	}
+	done, err := c.s.store.RestampInode(ino, ep, v, nep)
+	if err != nil {
+		return statusReply(err)
+	}
+	if done {
+		return []byte{stOK, 1}
+	}
+	return []byte{stOK, 0}
+}
+
+func (c *clusterState) handleDigest(_ context.Context, _ ids.ServerID, body []byte) []byte {
+	d := &dec{b: body}
+	after, max := ids.Ino(d.u64()), int(d.u32())
+	if d.err != nil {
+		return statusReply(d.err)
+	}
+	page, err := c.s.store.Digest(after, min(max, 4096))
+	if err != nil {
+		return statusReply(err)
+	}
+	return encodePage(page)
+}
+
+// onLost: ownership ended without a release. Clients holding locks on the
+// inode are failed (DESIGN.md: never ACK them again), since another server
+// may own it soon.
+func (c *clusterState) onLost(l cluster.Loss) {
+	c.mu.Lock()
+	delete(c.recovered, l.Ino)
+	delete(c.grace, l.Ino)
+	c.mu.Unlock()
+	m := c.s.lm
+	m.mu.Lock()
+	holders := m.data.Holders(l.Ino)
+	m.mu.Unlock()
+	failed := 0
+	for _, h := range holders {
+		if _, peer := cluster.PeerOf(h.Client); peer {
+			continue
+		}
+		m.fail(h.Client, fmt.Sprintf("ownership of %v lost", l.Ino))
+		failed++
+	}
+	if failed > 0 {
+		c.stats.lostWithLocks.Add(1)
+		c.log.Warn("ownership lost while clients held locks; failing them", "ino", l.Ino, "epoch", l.Epoch,
+			"idle", l.Idle, "clients", failed)
+	}
+}
+
+// pinLoop keeps every inode with client locks pinned, so that it is never
+// released for idleness while clients trust their locks.
+func (c *clusterState) pinLoop() {
+	defer c.wg.Done()
+	t := time.NewTicker(max(c.lease/8, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		n := c.node.Load()
+		m := c.s.lm
+		m.mu.Lock()
+		all := m.data.All()
+		m.mu.Unlock()
+		held := make(map[ids.Ino]bool, len(all))
+		for _, il := range all {
+			for _, h := range il.Holders {
+				if _, peer := cluster.PeerOf(h.Client); !peer {
+					held[il.Ino] = true
+				}
+			}
+		}
+		c.mu.Lock()
+		var pin, unpin []ids.Ino
+		for ino := range held {
+			if !c.pinned[ino] {
+				c.pinned[ino] = true
+				pin = append(pin, ino)
+			}
+		}
+		for ino := range c.pinned {
+			if !held[ino] {
+				delete(c.pinned, ino)
+				unpin = append(unpin, ino)
+			}
+		}
+		c.mu.Unlock()
+		for _, ino := range pin {
+			n.Pin(ino)
+		}
+		for _, ino := range unpin {
+			n.Unpin(ino)
+		}
+	}
+}
+
+// antiEntropyLoop compares this replica with every peer at start and then
+// periodically, fetching the inodes a peer holds newer.
+func (c *clusterState) antiEntropyLoop() {
+	defer c.wg.Done()
+	every := c.s.cfg.AntiEntropy
+	first := time.NewTimer(0)
+	defer first.Stop()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-first.C:
+		case <-t.C:
+		}
+		for _, p := range c.others {
+			if err := c.catchUp(p); err != nil {
+				c.log.Debug("anti-entropy", "peer", p, "err", err)
+			}
+		}
+		c.stats.antiEntropy.Add(1)
+	}
+}
+
+// catchUp walks p's digest pages and fetches every inode p holds at a newer
+// (epoch, version) than this replica, except inodes this server owns (an
+// owner is never behind: it recovered from a majority).
+func (c *clusterState) catchUp(p ids.ServerID) error {
+	n := c.node.Load()
+	var after ids.Ino
+	for {
+		select {
+		case <-c.stop:
+			return nil
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), c.callWait)
+		e := &enc{}
+		e.u64(uint64(after))
+		e.u32(1024)
+		rep, err := c.call(ctx, n, p, callDigest, e.b)
+		cancel()
+		if err != nil {
+			return err
+		}
+		d, err := replyErr(rep)
+		if err != nil {
+			return err
+		}
+		page := decodePage(d)
+		if d.err != nil {
+			return d.err
+		}
+		local, err := c.s.store.DigestRange(page.After, page.Through)
+		if err != nil {
+			return err
+		}
+		fetch, _, err := DiffDigests(local, page)
+		if err != nil {
+			return err
+		}
+		for _, ino := range fetch {
+			if _, owns := n.Owns(ino); owns {
+				continue
+			}
+			if err := c.fetchInode(n, p, ino); err != nil {
+				c.log.Debug("anti-entropy fetch", "peer", p, "ino", ino, "err", err)
+				continue
+			}
+			c.stats.caughtUp.Add(1)
+		}
+		if page.Last() || page.Through <= after {
+			return nil
+		}
+		after = page.Through
+	}
+}
+
+func (c *clusterState) fetchInode(n *cluster.Node, p ids.ServerID, ino ids.Ino) error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.callWait)
+	defer cancel()
+	e := &enc{}
+	e.u64(uint64(ino))
+	rep, err := c.call(ctx, n, p, callState, e.b)
+	if err != nil {
+		return err
+	}
+	d, err := replyErr(rep)
+	if err != nil {
+		return err
+	}
+	snap := d.snapshot()
+	if d.err != nil {
+		return d.err
+	}
+	if snap.Epoch == 0 {
+		return nil // never replicated: nothing to learn
+	}
+	err = c.s.store.ReplaceInode(snap, snap.Epoch)
+	if errors.Is(err, ErrStaleEpoch) {
+		return nil // we moved on meanwhile
+	}
+	return err
+}
+
+// Stats returns the counters.
+func (c *clusterState) Stats() ClusterStats {
+	s := &c.stats
+	return ClusterStats{Recoveries: s.recoveries.Load(), GracesStarted: s.graces.Load(),
+		HandoversAsked: s.handoversAsked.Load(), HandoversGiven: s.handoversGiven.Load(),
+		HandoverMaxMs: s.handoverMaxMs.Load(), Replicated: s.replicated.Load(), ReplFailed: s.replFailed.Load(),
+		StatePushes: s.statePushes.Load(), StaleRejected: s.staleRejected.Load(),
+		LostWithLocks: s.lostWithLocks.Load(), AntiEntropy: s.antiEntropy.Load(), CaughtUp: s.caughtUp.Load()}
+}
+
+// peerStatus reports the other servers and whether their last call
+// succeeded.
+func (c *clusterState) peerStatus() []PeerStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]PeerStatus, 0, len(c.others))
+	for _, p := range c.others {
+		h := c.health[p]
+		out = append(out, PeerStatus{ID: p, Addr: c.s.cfg.Peers[p], Reachable: !h.lastOK.IsZero() && !h.lastFail.After(h.lastOK),
+			LastOK: h.lastOK})
+	}
+	return out
+}

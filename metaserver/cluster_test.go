@@ -1,0 +1,410 @@
+package metaserver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leasefs/leasefs/client"
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/transport"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// testCluster is three servers in this process on loopback, with short
+// leases: T = τ = 300 ms.
+type testCluster struct {
+	t     *testing.T
+	ident *transport.Identity
+	addrs map[ids.ServerID]string
+	dirs  map[ids.ServerID]string
+	srv   map[ids.ServerID]*Server
+}
+
+const (
+	testLease       = 300 * time.Millisecond
+	testClientLease = 300 * time.Millisecond
+)
+
+func freeUDPAddr(t *testing.T) string {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	return pc.LocalAddr().String()
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("LEASEFS_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func newTestCluster(t *testing.T, n int) *testCluster {
+	t.Helper()
+	ident, err := transport.NewIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := &testCluster{t: t, ident: ident, addrs: map[ids.ServerID]string{}, dirs: map[ids.ServerID]string{},
+		srv: map[ids.ServerID]*Server{}}
+	for i := 1; i <= n; i++ {
+		id := ids.ServerID(i)
+		tc.addrs[id] = freeUDPAddr(t)
+		tc.dirs[id] = t.TempDir()
+	}
+	for id := range tc.addrs {
+		tc.start(id)
+	}
+	t.Cleanup(func() {
+		for _, s := range tc.srv {
+			s.Close()
+		}
+	})
+	// every server sits out its quarantine, T(1+δ), after start
+	time.Sleep(testLease * 11 / 10)
+	return tc
+}
+
+func (tc *testCluster) start(id ids.ServerID) *Server {
+	tc.t.Helper()
+	cfg := DefaultConfig()
+	cfg.Dir = tc.dirs[id]
+	cfg.Listen = tc.addrs[id]
+	cfg.ServerID = id
+	cfg.ClientLease = testClientLease
+	cfg.DeliveryTimeout = testClientLease / 4
+	cfg.OwnershipLease = testLease
+	cfg.IdleRelease = 4 * testLease
+	cfg.AntiEntropy = 200 * time.Millisecond
+	cfg.Peers = tc.addrs
+	cfg.Identity = tc.ident
+	cfg.Logger = testLogger().With("server", id)
+	s, err := Start(cfg)
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.srv[id] = s
+	return s
+}
+
+func (tc *testCluster) kill(id ids.ServerID) {
+	tc.srv[id].Close()
+	delete(tc.srv, id)
+}
+
+// connect makes a client of the given servers, in order of preference.
+func (tc *testCluster) connect(servers ...ids.ServerID) *client.Client {
+	tc.t.Helper()
+	cfg := client.DefaultConfig()
+	for _, id := range servers {
+		cfg.Servers = append(cfg.Servers, tc.addrs[id])
+	}
+	cfg.Token = tc.ident.TokenValue()
+	cfg.Logger = testLogger().With("client", servers)
+	cfg.FailoverTimeout = 200 * time.Millisecond
+	c, err := client.New(context.Background(), cfg)
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// checksums returns every running server's store checksum.
+func (tc *testCluster) checksums() map[ids.ServerID][32]byte {
+	out := map[ids.ServerID][32]byte{}
+	for id, s := range tc.srv {
+		sum, err := s.store.Checksum()
+		if err != nil {
+			tc.t.Fatal(err)
+		}
+		out[id] = sum
+	}
+	return out
+}
+
+// converge waits until every running server's checksum is the same.
+func (tc *testCluster) converge(within time.Duration) time.Duration {
+	tc.t.Helper()
+	start := time.Now()
+	for {
+		sums := tc.checksums()
+		var first [32]byte
+		same, i := true, 0
+		for _, s := range sums {
+			if i == 0 {
+				first = s
+			} else if s != first {
+				same = false
+			}
+			i++
+		}
+		if same {
+			return time.Since(start)
+		}
+		if time.Since(start) > within {
+			tc.t.Fatalf("replicas did not converge within %v: %x", within, sums)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func writeSync(ctx context.Context, t *testing.T, c *client.Client, ino ids.Ino, off uint64, data []byte) {
+	t.Helper()
+	if err := c.Write(ctx, ino, off, data, false); err != nil {
+		t.Fatalf("write at %d: %v", off, err)
+	}
+	if err := c.Fsync(ctx, ino); err != nil {
+		t.Fatalf("fsync after write at %d: %v", off, err)
+	}
+}
+
+func readAll(ctx context.Context, t *testing.T, c *client.Client, ino ids.Ino) []byte {
+	t.Helper()
+	a, err := c.GetAttr(ctx, ino)
+	if err != nil {
+		t.Fatalf("getattr: %v", err)
+	}
+	data, err := c.Read(ctx, ino, 0, int(a.Size))
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	return data
+}
+
+// TestClusterHandover: a file written through server 1 is read and written
+// through server 2 (ownership moves by hand-over: 1 revokes its client's
+// locks, which flushes, then releases), then read back through 1.
+func TestClusterHandover(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c1 := tc.connect(1)
+	c2 := tc.connect(2)
+
+	a, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeSync(ctx, t, c1, a.Ino, 0, []byte("hello "))
+	// buffered but not fsynced: the hand-over's revocation must flush it
+	if err := c1.Write(ctx, a.Ino, 6, []byte("there "), false); err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	b, err := c2.Lookup(ctx, ids.RootIno, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(ctx, t, c2, b.Ino); string(got) != "hello there " {
+		t.Fatalf("through server 2: %q", got)
+	}
+	moved := time.Since(start)
+	writeSync(ctx, t, c2, b.Ino, 12, []byte("world"))
+
+	start = time.Now()
+	if got := readAll(ctx, t, c1, a.Ino); string(got) != "hello there world" {
+		t.Fatalf("back through server 1: %q", got)
+	}
+	back := time.Since(start)
+	st1, st2 := tc.srv[1].cl.Stats(), tc.srv[2].cl.Stats()
+	t.Logf("lookup+read through 2 (hand-over of root and file): %v; read back through 1: %v", moved, back)
+	t.Logf("server 1: %+v", st1)
+	t.Logf("server 2: %+v", st2)
+	if st1.HandoversGiven == 0 || st2.HandoversGiven == 0 {
+		t.Fatalf("expected hand-overs both ways: %+v / %+v", st1, st2)
+	}
+	if d := tc.converge(5 * time.Second); d > 0 {
+		t.Logf("replicas converged after %v more", d)
+	}
+
+	// admin: server 1 owns the file again, with an epoch and an expiry
+	var found bool
+	for _, o := range tc.srv[1].AdminOwners() {
+		if o.Ino == a.Ino {
+			found = o.Owner == 1 && o.Epoch != 0 && o.Expiry.After(time.Now().Add(-testLease))
+		}
+	}
+	if !found {
+		t.Fatalf("owners of server 1: %+v", tc.srv[1].AdminOwners())
+	}
+	if st := tc.srv[1].AdminStatus(); len(st.Peers) != 2 || st.Cluster == nil {
+		t.Fatalf("status peers: %+v", st.Peers)
+	}
+	c1sum, _ := tc.srv[1].AdminChecksum()
+	c3sum, _ := tc.srv[3].AdminChecksum()
+	if c1sum.Checksum != c3sum.Checksum {
+		t.Fatalf("checksums differ: %v / %v", c1sum, c3sum)
+	}
+}
+
+// TestClusterFailover: a client writes and fsyncs in a loop through server
+// 1; server 1 is killed; the client fails over and goes on; every write
+// whose fsync returned is there afterwards, read through another server.
+// Then the killed server restarts, catches up, and all checksums agree.
+func TestClusterFailover(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	c := tc.connect(1, 2, 3)
+	a, err := c.Create(ctx, ids.RootIno, "log", 0o100644, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var acked []byte
+	var lastAck, killedAt time.Time
+	var maxStall time.Duration
+	done := make(chan error, 1)
+	stop := make(chan struct{})
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			rec := []byte(fmt.Sprintf("record %04d\n", i))
+			mu.Lock()
+			off := uint64(len(acked))
+			mu.Unlock()
+			if err := c.Write(ctx, a.Ino, off, rec, false); err != nil {
+				done <- fmt.Errorf("write %d: %w", i, err)
+				return
+			}
+			if err := c.Fsync(ctx, a.Ino); err != nil {
+				done <- fmt.Errorf("fsync %d: %w", i, err)
+				return
+			}
+			now := time.Now()
+			mu.Lock()
+			acked = append(acked, rec...)
+			if !lastAck.IsZero() && now.Sub(lastAck) > maxStall {
+				maxStall = now.Sub(lastAck)
+			}
+			lastAck = now
+			mu.Unlock()
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	mu.Lock()
+	before := len(acked)
+	killedAt = time.Now()
+	mu.Unlock()
+	tc.kill(1)
+	// wait for the writer to get past the failover
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		mu.Lock()
+		resumed := lastAck.After(killedAt) && len(acked) > before+10*12
+		mu.Unlock()
+		if resumed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("writer did not resume within 15 s of the kill")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	want := append([]byte(nil), acked...)
+	stall := maxStall
+	mu.Unlock()
+	t.Logf("kill of the owner: longest stall between acknowledged writes %v (T = %v, τ = %v); %d records before, %d after",
+		stall, testLease, testClientLease, before/12, (len(want)-before)/12)
+
+	for _, id := range []ids.ServerID{3, 2} {
+		r := tc.connect(id)
+		got := readAll(ctx, t, r, a.Ino)
+		if !bytes.Equal(got, want) {
+			i := 0
+			for i < len(got) && i < len(want) && got[i] == want[i] {
+				i++
+			}
+			lo := max(i-30, 0)
+			t.Fatalf("through server %v: %d bytes, want %d acknowledged; first difference at %d: %q, want %q",
+				id, len(got), len(want), i, got[lo:min(i+30, len(got))], want[lo:min(i+30, len(want))])
+		}
+	}
+
+	// restart the killed server: it sits out its quarantine and catches up
+	start := time.Now()
+	tc.start(1)
+	d := tc.converge(10 * time.Second)
+	t.Logf("restarted server converged (checksums of all three agree) %v after its start", time.Since(start).Round(time.Millisecond))
+	_ = d
+	for tc.srv[1].cl.node.Load().Quarantined() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	got := readAll(ctx, t, tc.connect(1), a.Ino)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("through the restarted server: %d bytes, want %d", len(got), len(want))
+	}
+}
+
+// TestClusterFencing: once ownership moved, the former owner can change
+// nothing: its own store refuses the change, and replicas refuse changes
+// stamped with its old epoch.
+func TestClusterFencing(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c1 := tc.connect(1)
+	a, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeSync(ctx, t, c1, a.Ino, 0, []byte("v1"))
+	old, err := tc.srv[1].store.InodeState(a.Ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ownership moves to server 2
+	c2 := tc.connect(2)
+	writeSync(ctx, t, c2, a.Ino, 0, []byte("v2"))
+
+	// server 1's own store: not the owner any more
+	if err := tc.srv[1].store.SetXattr(a.Ino, "user.x", []byte("stale"), 0); wire.CodeOf(err) != wire.CodeUnavailable {
+		t.Fatalf("former owner's local change: %v, want unavailable", err)
+	}
+	// a change stamped with the old epoch, sent to every replica
+	var attr Write
+	for _, w := range old.Records {
+		if w.Key[0] == recAttr {
+			attr = w
+		}
+	}
+	stale := []ReplicaChange{{Ino: a.Ino, Epoch: old.Epoch, Version: old.Version + 1, Writes: []Write{attr}}}
+	n := tc.srv[1].cl.node.Load()
+	for _, p := range []ids.ServerID{2, 3} {
+		rep, err := n.Peers().Call(ctx, p, callApply, encodeChanges(stale))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := replyErr(rep); !errors.Is(err, ErrStaleEpoch) {
+			t.Fatalf("server %v took a change of the old epoch: %v", p, err)
+		}
+	}
+	if got := readAll(ctx, t, c2, a.Ino); string(got) != "v2" {
+		t.Fatalf("after the stale attempts: %q", got)
+	}
+	if got := readAll(ctx, t, tc.connect(3), a.Ino); string(got) != "v2" {
+		t.Fatalf("through server 3: %q", got)
+	}
+}

@@ -1,0 +1,109 @@
+package metaserver
+
+// Applied-request records ('R'). A change made for a client request
+// records the request's id with an inode the change writes, in the same
+// transaction, so the record replicates with the change. A client whose
+// server died after the change reached a majority, but before the reply
+// reached the client, resends the request to another server; that server
+// finds the id and answers from the current state instead of making the
+// change twice (an O_APPEND record written twice, a create that fails with
+// EEXIST, an unlink with ENOENT).
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/leasefs/leasefs/internal/ids"
+)
+
+// Origin names the client request a change is made for.
+type Origin struct {
+	Ino    ids.Ino // the inode the request's id is recorded with: one the change writes
+	Client ids.ClientID
+	Req    uint64 // the client's id for the request: the same in every resend
+}
+
+const (
+	// doneKeep request ids are kept per client and inode: enough for the
+	// requests one client has in flight on one inode.
+	doneKeep = 16
+	// doneTTL: a client's record of an inode is deleted at the next change
+	// of the inode this long after the client's last change to it. A
+	// resend comes within the client's failover, seconds.
+	doneTTL = 10 * time.Minute
+	// doneEntry is one kept id: request id, time of the change (ns).
+	doneEntry = 16
+)
+
+// For returns a view of the store whose changes record o (nothing for a
+// zero Client). The view shares everything else with s.
+func (s *Store) For(o Origin) *Store {
+	return &Store{storeCore: s.storeCore, origin: o}
+}
+
+// Applied reports whether a change for o was made (and so reached the
+// replica this store is).
+func (s *Store) Applied(o Origin) (bool, error) {
+	found := false
+	err := s.view(func(tx *Tx) error {
+		found = false
+		_, err := tx.get(tx.key64(recDone, o.Ino, uint64(o.Client)), func(v []byte) error {
+			for ; len(v) >= doneEntry; v = v[doneEntry:] {
+				if binary.LittleEndian.Uint64(v) == o.Req {
+					found = true
+				}
+			}
+			return nil
+		})
+		return err
+	})
+	return found, err
+}
+
+// recordDone adds o.Req to the client's record of o.Ino (newest first,
+// doneKeep at most) and deletes other clients' records of the inode older
+// than doneTTL.
+func (tx *Tx) recordDone(o Origin, now int64) error {
+	key := tx.key64(recDone, o.Ino, uint64(o.Client))
+	val := make([]byte, doneEntry, doneEntry*doneKeep)
+	binary.LittleEndian.PutUint64(val, o.Req)
+	binary.LittleEndian.PutUint64(val[8:], uint64(now))
+	var stale [][]byte
+	err := tx.scan(tx.key(recDone, o.Ino, nil), nil, false, true, func(k, v []byte) (bool, error) {
+		if binary.BigEndian.Uint64(k[9:]) == uint64(o.Client) {
+			for ; len(v) >= doneEntry && len(val) < cap(val); v = v[doneEntry:] {
+				val = append(val, v[:doneEntry]...)
+			}
+		} else if len(v) >= doneEntry && now-int64(binary.LittleEndian.Uint64(v[8:])) > int64(doneTTL) {
+			stale = append(stale, tx.key(recDone, o.Ino, k[9:]))
+		}
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range stale {
+		if err := tx.del(k); err != nil {
+			return err
+		}
+	}
+	return tx.set(key, val)
+}
+
+// delDone deletes every client's record of ino (the inode is gone).
+func (tx *Tx) delDone(ino ids.Ino) error {
+	var keys [][]byte
+	err := tx.scan(tx.key(recDone, ino, nil), nil, false, false, func(k, _ []byte) (bool, error) {
+		keys = append(keys, tx.key(recDone, ino, k[9:]))
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := tx.del(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+package metaserver
+
+import (
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
+)
+
+func applied(t *testing.T, s *Store, o Origin) bool {
+	t.Helper()
+	ok, err := s.Applied(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+// A change records its request; a failed change or a read does not; the
+// record replicates with the inode it names and goes when the inode does.
+func TestStoreAppliedRequests(t *testing.T) {
+	s := newStore(t)
+	now := time.Now().UnixNano()
+	const client = ids.ClientID(7)
+	mk := Origin{Ino: ids.RootIno, Client: client, Req: 1}
+	d, err := s.For(mk).Mkdir(ids.RootIno, "d", 0o755, 0, 0, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !applied(t, s, mk) {
+		t.Fatal("mkdir's request not recorded")
+	}
+	if applied(t, s, Origin{Ino: ids.RootIno, Client: client, Req: 2}) || applied(t, s, Origin{Ino: ids.RootIno, Client: 8, Req: 1}) {
+		t.Fatal("another request or client reported applied")
+	}
+	// a change that fails records nothing
+	again := Origin{Ino: ids.RootIno, Client: client, Req: 2}
+	_, err = s.For(again).Mkdir(ids.RootIno, "d", 0o755, 0, 0, now)
+	wantCode(t, err, wire.CodeExists)
+	if applied(t, s, again) {
+		t.Fatal("failed mkdir recorded")
+	}
+	// the record is one of the inode's replicated records
+	snap, err := s.InodeState(ids.RootIno)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range snap.Records {
+		found = found || r.Key[0] == recDone
+	}
+	if !found {
+		t.Fatal("root's snapshot lacks its applied-request record")
+	}
+	// concurrent requests of one client: the last doneKeep are kept
+	for i := range uint64(doneKeep + 4) {
+		o := Origin{Ino: d.Ino, Client: client, Req: 100 + i}
+		if err := s.For(o).SetXattr(d.Ino, "user.n", []byte{byte(i)}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range uint64(doneKeep + 4) {
+		want := i >= 4
+		if got := applied(t, s, Origin{Ino: d.Ino, Client: client, Req: 100 + i}); got != want {
+			t.Fatalf("request %d: applied %v, want %v (the last %d are kept)", 100+i, got, want, doneKeep)
+		}
+	}
+	// rmdir deletes the directory's records
+	rm := Origin{Ino: ids.RootIno, Client: client, Req: 3}
+	if err := s.For(rm).Rmdir(ids.RootIno, "d", now); err != nil {
+		t.Fatal(err)
+	}
+	if applied(t, s, Origin{Ino: d.Ino, Client: client, Req: 100 + doneKeep}) {
+		t.Fatal("removed directory's records survive")
+	}
+	if !applied(t, s, rm) {
+		t.Fatal("rmdir's request not recorded")
+	}
+}
+
+// Another client's record older than doneTTL goes at the inode's next
+// change; a recent one stays.
+func TestStoreAppliedRequestsExpire(t *testing.T) {
+	s := newStore(t)
+	old := Origin{Ino: ids.RootIno, Client: 1, Req: 1}
+	recent := Origin{Ino: ids.RootIno, Client: 2, Req: 1}
+	now := time.Now()
+	for _, c := range []struct {
+		o  Origin
+		at time.Time
+	}{{old, now.Add(-doneTTL - time.Minute)}, {recent, now.Add(-time.Minute)}} {
+		_, err := s.Update(func(tx *Tx) error { return tx.recordDone(c.o, c.at.UnixNano()) })
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !applied(t, s, old) || !applied(t, s, recent) {
+		t.Fatal("records not written")
+	}
+	if _, err := s.For(Origin{Ino: ids.RootIno, Client: 3, Req: 1}).Create(ids.RootIno, "f", 0o644, 0, 0, 0, now.UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	if applied(t, s, old) {
+		t.Fatal("record older than doneTTL survives a change")
+	}
+	if !applied(t, s, recent) {
+		t.Fatal("recent record deleted")
+	}
+	// the value is newest first
+	var first uint64
+	if _, err := s.Update(func(tx *Tx) error {
+		_, err := tx.get(tx.key64(recDone, ids.RootIno, 3), func(v []byte) error {
+			first = binary.LittleEndian.Uint64(v)
+			return nil
+		})
+		return err
+	}); err != nil || first != 1 {
+		t.Fatalf("client 3's record: first id %d, %v", first, err)
+	}
+}
