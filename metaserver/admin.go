@@ -16,6 +16,7 @@ package metaserver
 //	/api/counters        AdminCounters
 //	/api/checksum        ChecksumInfo (a hash of every replicated record)
 //	POST /api/evict?client=ID   EvictResult
+//	POST /api/peer-cut?on=1|0   cut the links to the other servers (only with --peer-faults: tests)
 //	/metrics             Prometheus text format
 //
 // # Auth
@@ -177,6 +178,7 @@ func (s *Server) ServeAdmin(cfg AdminConfig) (*Admin, error) {
 		writeJSON(w, http.StatusOK, c)
 	})
 	mux.HandleFunc("POST /api/evict", a.evict)
+	mux.HandleFunc("POST /api/peer-cut", a.peerCut)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
 	a.http = &http.Server{Handler: a.authorize(mux), ReadHeaderTimeout: 10 * time.Second}
 	servers.Store(s, a.m)
@@ -244,6 +246,24 @@ func (a *Admin) evict(w http.ResponseWriter, r *http.Request) {
 		a.s.log.Warn("admin: client evicted", "client", c, "remote", r.RemoteAddr)
 		writeJSON(w, http.StatusOK, res)
 	}
+}
+
+// peerCut switches the partition from the other servers on (?on=1) or off
+// (?on=0); only on a server started with peer fault injection (tests).
+func (a *Admin) peerCut(w http.ResponseWriter, r *http.Request) {
+	f := a.s.cfg.PeerFaults
+	if f == nil {
+		writeJSON(w, http.StatusConflict, map[string]string{"error": "server started without --peer-faults"})
+		return
+	}
+	on, err := strconv.ParseBool(r.URL.Query().Get("on"))
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want ?on=1 or ?on=0"})
+		return
+	}
+	f.Cut(on)
+	a.s.log.Warn("admin: links to the other servers switched", "cut", on, "remote", r.RemoteAddr)
+	writeJSON(w, http.StatusOK, map[string]bool{"cut": on})
 }
 
 // ParseClientID accepts "client:0123456789abcdef" (ClientID.String) or the

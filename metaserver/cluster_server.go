@@ -103,6 +103,7 @@ type clusterState struct {
 	graceTime  time.Duration // τ(1+δ)
 	callWait   time.Duration // one peer call
 	acquireFor time.Duration // how long own keeps trying
+	acquireTry time.Duration // how long one PaxosLease acquire may take
 
 	ownMu [64]sync.Mutex // serialises acquire+recover of one inode (striped)
 
@@ -143,6 +144,9 @@ func newClusterState(s *Server) *clusterState {
 	// hand-over of a busy inode (revocations: delivery timeout, or a
 	// failed client's τ(1+δ))
 	c.acquireFor = 2*c.lease + c.graceTime + cfg.DeliveryTimeout + time.Second
+	// acceptors that promised a lapsed owner answer within its lease,
+	// T(1+δ); longer means no majority answers at all
+	c.acquireTry = c.lease*3/2 + 100*time.Millisecond
 	return c
 }
 
@@ -155,6 +159,9 @@ func (c *clusterState) startNode(id *transport.Identity, minEpoch ids.Epoch) err
 	ncfg.MinEpoch = minEpoch
 	ncfg.IdleRelease = cfg.IdleRelease
 	ncfg.Faults = cfg.Faults
+	if cfg.PeerFaults != nil {
+		ncfg.Faults = cfg.PeerFaults
+	}
 	ncfg.Logger = cfg.Logger
 	n, err := cluster.New(ncfg)
 	if err != nil {
@@ -202,6 +209,12 @@ func (c *clusterState) handlePeer(ctx context.Context, tr *transport.Request) []
 	n := c.node.Load()
 	if n == nil {
 		return append([]byte{cluster.PeerMagic, 1}, "server starting"...)
+	}
+	if f := c.s.cfg.PeerFaults; f != nil && f.Spec().Cut {
+		// cut off: the asker learns nothing (an answer at once rather
+		// than none, so that waiting handlers do not use up the
+		// connection's streams)
+		return append([]byte{cluster.PeerMagic, 1}, "cut off from the other servers (fault injection)"...)
 	}
 	return n.HandlePeer(ctx, tr)
 }
@@ -341,7 +354,9 @@ func (c *clusterState) own(ctx context.Context, ino ids.Ino) error {
 			n.Touch(ino)
 			return nil
 		}
-		ep, err := n.Acquire(octx, ino)
+		actx, acancel := context.WithTimeout(octx, c.acquireTry)
+		ep, err := n.Acquire(actx, ino)
+		acancel()
 		acquired := time.Now()
 		var no *cluster.NotOwnerError
 		var q *cluster.QuarantineError
@@ -374,6 +389,10 @@ func (c *clusterState) own(ctx context.Context, ino ids.Ino) error {
 			t.Stop()
 		case ctx.Err() != nil:
 			return wire.Err(wire.CodeInterrupted)
+		case octx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			// no majority answered: this server is cut off (or most of
+			// the cluster is down); its client does better elsewhere
+			return errUnavailable("cannot own %v: no majority of the servers answered within %v", ino, c.acquireTry)
 		default:
 			return c.acquireErr(ino, err)
 		}

@@ -35,6 +35,10 @@ type Config struct {
 	DeliveryTimeout time.Duration // how long a callback may go unacknowledged
 	Logger          *slog.Logger
 	Faults          *transport.Faults
+	// PeerFaults, if set, injects faults on the links to the other servers
+	// only (tests: cut a server off from its peers while its clients still
+	// reach it). While its Cut is on, peer requests are not answered.
+	PeerFaults *transport.Faults
 
 	// Cluster mode (cluster_server.go). Peers maps every server of the
 	// cluster, this one included, to the HOST:PORT it serves on; nil or

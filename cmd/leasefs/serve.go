@@ -22,6 +22,7 @@ type serveFlags struct {
 	cfg      metaserver.Config
 	id       uint8
 	faults   string
+	peerFlt  string
 	peers    string
 	identity string
 	logging  logFlags
@@ -103,6 +104,13 @@ func (f *serveFlags) parse(name, args, desc string, argv []string, own func(*pfl
 		}
 		f.cfg.Faults = faults
 	}
+	if f.peerFlt != "" {
+		faults, err := transport.ParseFaults(f.peerFlt)
+		if err != nil {
+			return nil, fmt.Errorf("--peer-faults: %w", err)
+		}
+		f.cfg.PeerFaults = faults
+	}
 	return fs.Args(), nil
 }
 
@@ -124,6 +132,8 @@ func runServe(argv []string) error {
 			fs.StringVar(&f.identity, "token-file", "", "same as --identity-file (a plain client token is not enough for a server)")
 			fs.DurationVar(&f.cfg.IdleRelease, "idle-release", f.cfg.IdleRelease, "release ownership of an inode unused (and unlocked) this long")
 			fs.DurationVar(&f.cfg.AntiEntropy, "anti-entropy", f.cfg.AntiEntropy, "how often a server compares its replica with its peers and catches up")
+			fs.StringVar(&f.peerFlt, "peer-faults", "", "inject faults on the links to the other servers only, e.g. none or drop=0.1;\nPOST /api/peer-cut?on=1 on the admin endpoint then cuts them (testing only)")
+			_ = fs.MarkHidden("peer-faults")
 			_ = fs.MarkHidden("idle-release")
 			_ = fs.MarkHidden("anti-entropy")
 			addAdminFlag(fs) // --admin HOST:PORT, default off (admin.go)
