@@ -195,8 +195,10 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 			return err
 		}
 		// The server failed us while we flushed: what is left may only
-		// be reclaimed.
-		c.reclaimFile(ctx, ino, f)
+		// be reclaimed. The same requests go again: a server that finds
+		// one applied already (its server died before the reply came)
+		// answers it instead of refusing the version it moved on.
+		c.reclaimFile(ctx, ino, f, reqs)
 	}
 	f.extents, f.bytes = nil, 0
 	c.wb.mu.Lock()
@@ -360,7 +362,7 @@ func (c *Client) reclaim(ctx context.Context) {
 		if !f.mu.TryLock() {
 			continue
 		}
-		c.reclaimFile(ctx, ino, f)
+		c.reclaimFile(ctx, ino, f, nil)
 		f.extents, f.bytes = nil, 0
 		c.wb.mu.Lock()
 		if c.wb.files[ino] == f {
@@ -373,17 +375,25 @@ func (c *Client) reclaim(ctx context.Context) {
 
 // reclaimFile writes f's buffered data back if the file's version is still
 // the one it was based on (nobody else wrote it meanwhile); otherwise the
-// data is lost and reported. Called with f.mu held.
-func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile) {
+// data is lost and reported. reqs, if set, are the writes of an interrupted
+// flush, sent again as they were (request ids included). Called with f.mu
+// held.
+func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, reqs []*wire.Request) {
 	if len(f.extents) == 0 {
 		return
 	}
+	if reqs == nil {
+		for _, e := range latestOnly(f.extents) {
+			reqs = append(reqs, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off, Data: e.data})
+		}
+	}
 	var err error
 	version := f.base
-	for _, e := range latestOnly(f.extents) {
+	for _, r := range reqs {
+		r.Flags |= wire.WriteIfVersion
+		r.Version = version
 		var rep *wire.Reply
-		rep, err = c.callWith(ctx, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off, Data: e.data,
-			Flags: wire.WriteIfVersion, Version: version}, nil, true)
+		rep, err = c.callWith(ctx, r, nil, true)
 		if err != nil {
 			break
 		}

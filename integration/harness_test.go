@@ -77,6 +77,13 @@ func startProc(t testing.TB, name string, args ...string) *proc {
 		p.kill()
 		if t.Failed() {
 			b, _ := os.ReadFile(logf)
+			if keep := os.Getenv("LEASEFS_KEEP_LOGS"); keep != "" {
+				// whole logs of a failed test, for the tail is rarely enough
+				dst := filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_")+"-"+filepath.Base(filepath.Dir(logf))+"-"+name+".log")
+				if err := os.MkdirAll(keep, 0o755); err == nil {
+					_ = os.WriteFile(dst, b, 0o644)
+				}
+			}
 			if len(b) > 8000 {
 				b = b[len(b)-8000:]
 			}

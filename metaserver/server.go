@@ -302,7 +302,14 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	}
 	sess.lastSeen.Store(time.Now().UnixNano())
 	rep := s.dispatch(ctx, sess, req)
-	if rep.Code != wire.CodeOK {
+	switch rep.Code {
+	case wire.CodeOK:
+	case wire.CodeIO, wire.CodeAgain, wire.CodeUnavailable:
+		// the server's trouble, not the application's: say what happened
+		s.counters.Errors.Add(1)
+		s.log.Warn("request failed", "client", sess.client, "op", req.Op, "ino", req.Ino, "parent", req.Parent,
+			"code", rep.Code, "msg", rep.Msg)
+	default:
 		s.counters.Errors.Add(1)
 	}
 	return rep.Append(nil)
