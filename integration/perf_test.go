@@ -22,7 +22,7 @@ import (
 
 // The performance suite of issue 8 (and the benchmark of issue 2). Run it with
 //
-//	go test ./integration -run '^$' -bench Perf -benchmem -benchtime 1x
+//	go test ./integration -run '^$' -bench 'Perf$' -benchmem -benchtime 1x
 //
 // (-benchtime 3x runs three interleaved passes and reports medians;
 // LEASEFS_PERF_FULL=1 uses the issue's full sizes). Each workload runs on a
@@ -504,11 +504,14 @@ func vmRSS(pid int) (rss, hwm, anon int) {
 	return rss, hwm, anon
 }
 
+// rssOf formats a process's resident set sizes (vmRSS) under name.
+func rssOf(name string, p *proc) string {
+	r, h, a := vmRSS(p.cmd.Process.Pid)
+	return fmt.Sprintf("%s %7d KiB (peak %7d, anon %7d)", name, r, h, a)
+}
+
 func rssLine(when string, s *server, m *mount) string {
-	sr, sh, sa := vmRSS(s.cmd.Process.Pid)
-	mr, mh, ma := vmRSS(m.cmd.Process.Pid)
-	return fmt.Sprintf("RSS %-12s server %7d KiB (peak %7d, anon %7d)   mount %7d KiB (peak %7d, anon %7d)",
-		when, sr, sh, sa, mr, mh, ma)
+	return fmt.Sprintf("RSS %-12s %s   %s", when, rssOf("server", s.proc), rssOf("mount", m.proc))
 }
 
 func median(ds []time.Duration) time.Duration {
@@ -520,77 +523,102 @@ func median(ds []time.Duration) time.Duration {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// BenchmarkPerf runs every workload once per b.N on leasefs and then on the
-// loopback (so -benchtime 3x gives three interleaved passes) and reports the
-// medians and their ratio.
-func BenchmarkPerf(b *testing.B) {
-	sz := perfDefault
+// perfSizesFromEnv is perfDefault, or perfFull with LEASEFS_PERF_FULL=1.
+func perfSizesFromEnv() perfSizes {
 	if os.Getenv("LEASEFS_PERF_FULL") == "1" {
-		sz = perfFull
+		return perfFull
 	}
-	s, m := startPerfLeasefs(b)
-	loop := mountLoopback(b)
-	e := newPerfEnv(b, sz, tmpfsDir(b, "scratch"), false)
-	atRest := rssLine("at rest", s, m)
+	return perfDefault
+}
 
-	type row struct {
-		name              string
-		leasefs, loopback time.Duration
-	}
-	var rows []row
-	for _, st := range perfSteps(sz) {
+// perfSide is one file system a benchmark compares: a mounted root.
+type perfSide struct {
+	name, root string
+}
+
+// perfRow is one workload's median time on each side, in the sides' order.
+type perfRow struct {
+	name string
+	med  []time.Duration
+}
+
+// runPerfPasses runs every workload as a sub-benchmark, b.N times on each
+// side in turn (so -benchtime 3x gives three interleaved passes), and
+// returns the medians of the last call; report turns one workload's
+// medians into metrics.
+func runPerfPasses(b *testing.B, e *perfEnv, sides []perfSide, report func(b *testing.B, med []time.Duration)) []perfRow {
+	var rows []perfRow
+	for _, st := range perfSteps(e.sz) {
 		// The testing package calls the function with N=1 and then, for
 		// -benchtime Nx with N > 1, again with N; every step sees the same
 		// calls, so counting passes per step across calls gives step k the
 		// directories step k-1 used. Only the last call's times are reported.
 		pass := 0
 		b.Run(st.name, func(b *testing.B) {
-			var lt, pt []time.Duration
+			times := make([][]time.Duration, len(sides))
 			for range b.N {
 				pass++
-				for _, side := range []struct {
-					root string
-					out  *[]time.Duration
-				}{{m.dir, &lt}, {loop, &pt}} {
+				for i, side := range sides {
 					dir := filepath.Join(side.root, "pass"+strconv.Itoa(pass))
 					if err := os.MkdirAll(dir, 0o755); err != nil {
 						b.Fatal(err)
 					}
 					d, err := runStep(e, st, dir)
 					if err != nil {
-						b.Fatalf("%s: %v", side.root, err)
+						b.Fatalf("%s (%s): %v", side.name, side.root, err)
 					}
-					*side.out = append(*side.out, d)
+					times[i] = append(times[i], d)
 				}
 			}
-			l, p := median(lt), median(pt)
-			b.ReportMetric(float64(l.Nanoseconds()), "ns/op")
-			b.ReportMetric(l.Seconds(), "leasefs-s")
-			b.ReportMetric(p.Seconds(), "loopback-s")
-			b.ReportMetric(p.Seconds()/l.Seconds(), "ratio")
+			med := make([]time.Duration, len(sides))
+			for i := range sides {
+				med[i] = median(times[i])
+			}
+			report(b, med)
 			if len(rows) > 0 && rows[len(rows)-1].name == st.name {
 				rows = rows[:len(rows)-1] // an earlier call's times
 			}
-			rows = append(rows, row{st.name, l, p})
+			rows = append(rows, perfRow{st.name, med})
 		})
 	}
+	return rows
+}
+
+// BenchmarkPerf runs every workload once per b.N on leasefs and then on the
+// loopback (so -benchtime 3x gives three interleaved passes) and reports the
+// medians and their ratio.
+func BenchmarkPerf(b *testing.B) {
+	sz := perfSizesFromEnv()
+	s, m := startPerfLeasefs(b)
+	loop := mountLoopback(b)
+	e := newPerfEnv(b, sz, tmpfsDir(b, "scratch"), false)
+	atRest := rssLine("at rest", s, m)
+
+	rows := runPerfPasses(b, e, []perfSide{{"leasefs", m.dir}, {"loopback", loop}}, func(b *testing.B, med []time.Duration) {
+		l, p := med[0], med[1]
+		b.ReportMetric(float64(l.Nanoseconds()), "ns/op")
+		b.ReportMetric(l.Seconds(), "leasefs-s")
+		b.ReportMetric(p.Seconds(), "loopback-s")
+		b.ReportMetric(p.Seconds()/l.Seconds(), "ratio")
+	})
 	var out strings.Builder
 	fmt.Fprintf(&out, "\nleasefs vs go-fuse loopback (passthrough off), tmpfs, sizes %+v\n", sz)
 	fmt.Fprintf(&out, "%-26s %12s %12s %7s\n", "workload", "leasefs", "loopback", "ratio")
 	for _, r := range rows {
-		fmt.Fprintf(&out, "%-26s %12s %12s %7.2f\n", r.name, r.leasefs.Round(time.Microsecond),
-			r.loopback.Round(time.Microsecond), r.loopback.Seconds()/r.leasefs.Seconds())
+		l, p := r.med[0], r.med[1]
+		fmt.Fprintf(&out, "%-26s %12s %12s %7.2f\n", r.name, l.Round(time.Microsecond),
+			p.Round(time.Microsecond), p.Seconds()/l.Seconds())
 	}
 	fmt.Fprintf(&out, "%s\n%s\n", atRest, rssLine("after suite", s, m))
 	fmt.Print(out.String())
 }
 
-// TestPerfSmoke runs every workload of the suite at a tiny size against
-// leasefs only, with the data checks, so the suite cannot rot unnoticed.
-func TestPerfSmoke(t *testing.T) {
-	s, m := startPerfLeasefs(t)
+// runPerfSmoke runs every workload at the tiny size, with the data checks
+// (tar's tree diffed against its source), in a fresh directory under root.
+func runPerfSmoke(t *testing.T, root string) {
+	t.Helper()
 	e := newPerfEnv(t, perfTiny, tmpfsDir(t, "scratch"), true)
-	dir := filepath.Join(m.dir, "smoke")
+	dir := filepath.Join(root, "smoke")
 	must(t, os.Mkdir(dir, 0o755))
 	for _, st := range perfSteps(perfTiny) {
 		d, err := runStep(e, st, dir)
@@ -599,5 +627,12 @@ func TestPerfSmoke(t *testing.T) {
 		}
 		t.Logf("%-26s %v", st.name, d)
 	}
+}
+
+// TestPerfSmoke runs every workload of the suite at a tiny size against
+// leasefs only, with the data checks, so the suite cannot rot unnoticed.
+func TestPerfSmoke(t *testing.T) {
+	s, m := startPerfLeasefs(t)
+	runPerfSmoke(t, m.dir)
 	t.Log(rssLine("after smoke", s, m))
 }
