@@ -264,7 +264,7 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 		c.mu.Unlock()
 		c.Counters.Requests.Add(1)
 		rep, err := c.roundTrip(ctx, h, body)
-		if errors.Is(err, errFailedOver) {
+		if errors.Is(err, errSendAgain) {
 			continue
 		}
 		if err != nil {
@@ -302,6 +302,10 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 	}
 }
 
+// unavailableRetry is how long a client of a single server waits before
+// sending a request again that the server could not serve.
+const unavailableRetry = 200 * time.Millisecond
+
 func (c *Client) roundTrip(ctx context.Context, h transport.Header, body []byte) (*wire.Reply, error) {
 	cctx, cancel := ctx, context.CancelFunc(func() {})
 	if c.cfg.SoftTimeout > 0 {
@@ -318,22 +322,38 @@ func (c *Client) roundTrip(ctx context.Context, h transport.Header, body []byte)
 		cancelAttempt()
 		if err == nil {
 			rep, err := wire.ParseReply(raw)
-			if err == nil && rep.Code == wire.CodeUnavailable && c.clustered() {
-				c.failover(tr, rep.Msg)
-				return nil, errFailedOver
+			if err == nil && rep.Code == wire.CodeUnavailable {
+				if c.clustered() {
+					c.failover(tr, rep.Msg)
+					return nil, errSendAgain
+				}
+				// the only server we know cannot serve now (a cluster
+				// server restarting or cut off): a hard mount waits
+				c.log.Debug("server cannot serve now; retrying", "why", rep.Msg)
+				t := time.NewTimer(unavailableRetry)
+				select {
+				case <-t.C:
+					return nil, errSendAgain
+				case <-cctx.Done():
+					t.Stop()
+					if ctx.Err() == nil && c.cfg.SoftTimeout > 0 {
+						return nil, ErrTimeout
+					}
+					return nil, cctx.Err()
+				}
 			}
 			c.answered()
 			return rep, err
 		}
 		if c.clustered() && cctx.Err() == nil {
 			if errors.Is(err, transport.ErrClosed) {
-				return nil, errFailedOver // another request failed over
+				return nil, errSendAgain // another request failed over
 			}
 			if errors.Is(err, context.DeadlineExceeded) && c.alive(tr, h.Session) {
 				continue // slow, not gone: the same header again runs at most once
 			}
 			c.failover(tr, err.Error())
-			return nil, errFailedOver
+			return nil, errSendAgain
 		}
 		if ctx.Err() == nil && c.cfg.SoftTimeout > 0 && errors.Is(err, context.DeadlineExceeded) {
 			return nil, ErrTimeout

@@ -24,9 +24,10 @@ type servers struct {
 	sinceOK int // failovers since a server last answered
 }
 
-// errFailedOver: the request's server was given up; send it again (the new
-// server NACKs the old session, and the client recovers there first).
-var errFailedOver = errors.New("client: failed over to another server")
+// errSendAgain: send the request again with a new header, because its
+// server was given up (a new server NACKs the old session, and the client
+// recovers there first) or could not serve it yet.
+var errSendAgain = errors.New("client: send again")
 
 // newTransport makes the transport client for addr.
 func (c *Client) newTransport(addr string) *transport.Client {

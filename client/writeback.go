@@ -246,8 +246,10 @@ func disjoint(es []extent) bool {
 }
 
 const (
-	flushParallel = 16
-	serverChunk   = 64 << 10 // the server's chunk size: writes into one chunk conflict
+	// maxReclaimNacks bounds how often one reclaim is NACKed and retried.
+	maxReclaimNacks = 8
+	flushParallel   = 16
+	serverChunk     = 64 << 10 // the server's chunk size: writes into one chunk conflict
 )
 
 // sendWrites sends the requests, up to flushParallel at once if
@@ -389,15 +391,24 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, req
 	}
 	var err error
 	version := f.base
-	for _, r := range reqs {
+	nacks := 0
+	for i := 0; i < len(reqs); {
+		r := reqs[i]
 		r.Flags |= wire.WriteIfVersion
 		r.Version = version
 		var rep *wire.Reply
 		rep, err = c.callWith(ctx, r, nil, true)
+		if errors.Is(err, errRecovered) && nacks < maxReclaimNacks {
+			// NACKed again (in a cluster a failover can take a few
+			// servers): the version check alone keeps the reclaim safe
+			nacks++
+			continue
+		}
 		if err != nil {
 			break
 		}
 		version = rep.Attr.Version
+		i++
 	}
 	if err == nil {
 		c.Counters.ReclaimsOK.Add(1)

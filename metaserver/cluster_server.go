@@ -37,13 +37,17 @@ package metaserver
 //     if its lease lapses anyway the clients that hold locks on it are
 //     failed (NACK), never ACKed again (onLost).
 //
+// # State transfer
+//
+// Whole-inode states (a new owner's recovery and write-back, a push to a
+// replica that answers with a version gap, anti-entropy) move with
+// CopyInode (store_transfer.go): a page of at most transferPage bytes per
+// peer call, staged at the receiver and switched in at the end, so inodes
+// of any size move, and a crash or a dead sender midway leaves the
+// receiver at its previous state.
+//
 // # Limits (phase 1)
 //
-//   - An inode's state moves between servers in one peer call, so an inode
-//     whose records exceed transport.MaxBody (a file of about 4 MiB) can be
-//     replicated change by change but not recovered by another server, nor
-//     pushed to a lagging replica: such requests fail with CodeUnavailable
-//     and are logged.
 //   - Open-but-unlinked files are counted per server.
 
 import (
@@ -57,6 +61,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/lease/paxos"
 	"github.com/leasefs/leasefs/locks"
 	"github.com/leasefs/leasefs/metaserver/cluster"
 	"github.com/leasefs/leasefs/transport"
@@ -110,8 +115,13 @@ type clusterState struct {
 	mu        sync.Mutex
 	recovered map[ids.Ino]ids.Epoch // inodes recovered under the epoch we own them by
 	grace     map[ids.Ino]time.Time // no client lock before this
+	// unsure: inodes whose last change did not reach a majority, with the
+	// epoch we own them by; recovering them under the same epoch needs
+	// no grace (our clients' locks never left this server)
+	unsure map[ids.Ino]ids.Epoch
 	pinned    map[ids.Ino]bool
 	health    map[ids.ServerID]*peerHealth
+	lanes     map[ids.ServerID]*peerLane // set at start, read-only
 
 	stats clusterStats
 	stop  chan struct{}
@@ -130,12 +140,13 @@ func newClusterState(s *Server) *clusterState {
 	c := &clusterState{s: s, log: cfg.Logger, self: cfg.ServerID, size: len(cfg.Peers),
 		lease:     cfg.OwnershipLease,
 		graceTime: time.Duration(float64(cfg.ClientLease)*(1+cfg.ClockDrift)) + time.Millisecond,
-		recovered: map[ids.Ino]ids.Epoch{}, grace: map[ids.Ino]time.Time{},
-		pinned: map[ids.Ino]bool{}, health: map[ids.ServerID]*peerHealth{}, stop: make(chan struct{})}
+		recovered: map[ids.Ino]ids.Epoch{}, grace: map[ids.Ino]time.Time{}, unsure: map[ids.Ino]ids.Epoch{},
+		pinned: map[ids.Ino]bool{}, health: map[ids.ServerID]*peerHealth{}, lanes: map[ids.ServerID]*peerLane{}, stop: make(chan struct{})}
 	for id := range cfg.Peers {
 		if id != c.self {
 			c.others = append(c.others, id)
 			c.health[id] = &peerHealth{}
+			c.lanes[id] = newPeerLane()
 		}
 	}
 	slices.Sort(c.others)
@@ -176,6 +187,7 @@ func (c *clusterState) startNode(id *transport.Identity, minEpoch ids.Epoch) err
 	p.Handle(callRestamp, c.handleRestamp)
 	p.Handle(callHandover, c.handleHandover)
 	p.Handle(callDigest, c.handleDigest)
+	p.Handle(callLockFree, c.handleLockFree) // cluster_grace.go
 	c.node.Store(n)
 	c.wg.Add(2)
 	go c.pinLoop()
@@ -459,6 +471,7 @@ func (c *clusterState) handleHandover(ctx context.Context, from ids.ServerID, bo
 	c.mu.Lock()
 	delete(c.recovered, ino)
 	delete(c.grace, ino)
+	delete(c.unsure, ino)
 	c.mu.Unlock()
 	n.Release(ino)
 	c.s.lm.done(h)
@@ -594,7 +607,8 @@ func (c *clusterState) recover(ctx context.Context, n *cluster.Node, ino ids.Ino
 	}
 	// This server usually holds the newest state already (changes go to
 	// every replica): then it only restamps it, whatever the inode's size.
-	// Otherwise the state comes in one message from a replica that has it.
+	// Otherwise the state is copied, a page per call, from a replica that
+	// has it (from itself at version 0: a server's own unstamped root).
 	exists := best.version > 0
 	if states[c.self] == best && best.version > 0 {
 		done, err := c.s.store.RestampInode(ino, best.epoch, best.version, ep)
@@ -608,40 +622,39 @@ func (c *clusterState) recover(ctx context.Context, n *cluster.Node, ino ids.Ino
 			return errUnavailable("recovering %v: %v", ino, err)
 		}
 	} else {
-		var snap InodeSnapshot
-		if bestAt == c.self {
-			snap, err = c.s.store.InodeState(ino)
-		} else {
-			var rep []byte
-			rep, err = c.call(rctx, n, bestAt, callState, q.b)
-			if err == nil {
-				var d *dec
-				if d, err = replyErr(rep); err == nil {
-					snap = d.snapshot()
-					err = d.err
-				}
-			}
+		var src StateSource = c.s.store
+		if bestAt != c.self {
+			src = peerState{c, n, bestAt}
 		}
+		start := time.Now()
+		// each page keeps the inode in use, so that a long copy does not
+		// let the lease go idle
+		got, err := CopyInode(ctx, src, c.s.store, ino,
+			CopyOptions{Epoch: ep, PageBytes: transferPage, OnPage: func() { n.Touch(ino) }})
 		if err != nil {
-			return errUnavailable("recovering %v: reading its state: %v", ino, err)
-		}
-		if err := c.s.store.ReplaceInode(snap, ep); err != nil {
 			if errors.Is(err, ErrStaleEpoch) {
 				n.Release(ino)
 			}
-			return errUnavailable("recovering %v: %v", ino, err)
+			return errUnavailable("recovering %v: copying its state from %v: %v", ino, bestAt, err)
 		}
-		exists = len(snap.Records) > 0
+		// the source may have taken a last change of the previous owner
+		// since it answered: write back the state actually copied
+		best = replVersion{got.Epoch, got.Version}
+		exists = got.Records > 0
+		c.log.Debug("copied inode state", "ino", ino, "from", bestAt, "records", got.Records, "bytes", got.Bytes,
+			"pages", got.Pages, "attempts", got.Attempts, "took", time.Since(start))
 	}
 	acks := 1
-	wctx, wcancel := context.WithTimeout(ctx, c.callWait)
-	defer wcancel()
+	// Write-backs copy the state a page per call, each call with its own
+	// timeout: a big inode takes longer than one call. Recovery waits for
+	// every answer (a dead replica's first call times out), so that no
+	// copy outlives it.
 	res := make(chan error, len(states))
 	for p, st := range states {
 		if p == c.self {
 			continue
 		}
-		go func() { res <- c.writeBack(wctx, n, p, ino, st, best, ep) }()
+		go func() { res <- c.writeBack(ctx, n, p, ino, st, best, ep) }()
 	}
 	for range len(states) - 1 {
 		if err := <-res; err == nil {
@@ -655,9 +668,18 @@ func (c *clusterState) recover(ctx context.Context, n *cluster.Node, ino ids.Ino
 		return errUnavailable("recovering %v: written back to %d of %d servers", ino, acks, c.size)
 	}
 	c.stats.recoveries.Add(1)
+	// No grace if this server, in this run, was the inode's last owner
+	// (every owner that served restamped a majority, so the newest epoch
+	// of a majority names it): its lock table still holds whatever locks
+	// its clients had, failed clients' included, until they are stolen.
+	// Nor if the last owner says none of its clients can trust a lock.
+	selfLast := paxos.BallotServer(best.epoch) == c.self && paxos.BallotBoot(best.epoch) == n.Boot()
+	needGrace := !handedOver && !selfLast && exists && !c.previousOwnerReleased(ctx, n, ino, best.epoch)
 	c.mu.Lock()
 	c.recovered[ino] = ep
-	if !handedOver && exists {
+	sameOwner := c.unsure[ino] == ep
+	delete(c.unsure, ino)
+	if needGrace && !sameOwner {
 		c.grace[ino] = acquired.Add(c.graceTime)
 		c.stats.graces.Add(1)
 	}
@@ -667,7 +689,7 @@ func (c *clusterState) recover(ctx context.Context, n *cluster.Node, ino ids.Ino
 }
 
 // writeBack stamps the recovered state on replica p: a restamp if it holds
-// it already, else the whole state, read from this server's store (which
+// it already, else the whole state, copied from this server's store (which
 // holds it under epoch ep by now).
 func (c *clusterState) writeBack(ctx context.Context, n *cluster.Node, p ids.ServerID, ino ids.Ino, has, best replVersion, ep ids.Epoch) error {
 	if has == best && best.version > 0 {
@@ -676,7 +698,9 @@ func (c *clusterState) writeBack(ctx context.Context, n *cluster.Node, p ids.Ser
 		e.u64(uint64(best.epoch))
 		e.u64(best.version)
 		e.u64(uint64(ep))
-		rep, err := c.call(ctx, n, p, callRestamp, e.b)
+		cctx, cancel := context.WithTimeout(ctx, c.callWait)
+		rep, err := c.call(cctx, n, p, callRestamp, e.b)
+		cancel()
 		if err != nil {
 			return err
 		}
@@ -689,26 +713,25 @@ func (c *clusterState) writeBack(ctx context.Context, n *cluster.Node, p ids.Ser
 		}
 		// it moved on meanwhile: send the state
 	}
-	snap, err := c.s.store.InodeState(ino)
-	if err != nil {
-		return err
-	}
-	e := &enc{}
-	e.u64(uint64(ep))
-	e.snapshot(snap)
-	return c.replaceAt(ctx, n, p, e.b)
+	return c.replaceAt(ctx, n, p, ino, ep)
 }
 
-func (c *clusterState) replaceAt(ctx context.Context, n *cluster.Node, p ids.ServerID, body []byte) error {
-	if len(body) > transport.MaxBody-64 {
-		return fmt.Errorf("%w: inode state of %d bytes does not fit one peer call", ErrSnapshotTooBig, len(body))
-	}
-	rep, err := c.call(ctx, n, p, callReplace, body)
-	if err != nil {
-		return err
-	}
-	_, err = replyErr(rep)
-	return err
+// replaceAt copies ino's state from this server's store to replica p, a
+// page per call, stamped ep (0: the state's own epoch).
+// Concurrent copies of one inode to one replica join (pushes.join): every
+// change that meets the replica's version gap would otherwise start its
+// own copy of the whole state, each superseding the last at the replica.
+func (c *clusterState) replaceAt(ctx context.Context, n *cluster.Node, p ids.ServerID, ino ids.Ino, ep ids.Epoch) error {
+	return pushes.join(ctx, pushKey{c, p, ino, ep}, func() error {
+		start := time.Now()
+		got, err := CopyInode(ctx, c.s.store, peerState{c, n, p}, ino, CopyOptions{Epoch: ep, PageBytes: transferPage})
+		if err != nil {
+			return err
+		}
+		c.log.Debug("sent inode state", "ino", ino, "to", p, "records", got.Records, "bytes", got.Bytes,
+			"pages", got.Pages, "attempts", got.Attempts, "took", time.Since(start))
+		return nil
+	})
 }
 
 // replicate is the store's Replicate: the change goes to every replica and
@@ -735,15 +758,12 @@ func (c *clusterState) replicate(writes []Write) error {
 			continue
 		}
 		sent++
-		go func() { ch <- c.applyAt(ctx, n, p, body) }()
+		lane := c.lanes[p]
+		ticket := lane.take()
+		go func() { ch <- lane.inTurn(ticket, func() error { return c.applyAt(ctx, n, p, body) }) }()
 	}
-	acks := 0
+	acks := 1 // this replica: the store commits and syncs after us
 	var firstErr error
-	if err := c.s.store.Sync(); err == nil {
-		acks = 1
-	} else {
-		firstErr = err
-	}
 	got := 0
 	for ; got < sent && acks < c.majority(); got++ {
 		if err := <-ch; err == nil {
@@ -764,6 +784,9 @@ func (c *clusterState) replicate(writes []Write) error {
 		return nil
 	}
 	c.stats.replFailed.Add(int64(len(changes)))
+	// Some replicas may hold the change (a lost answer): recover the
+	// inodes from a majority before serving them again.
+	c.markUnsure(changes)
 	var stale *StaleEpochError
 	if errors.As(firstErr, &stale) {
 		// fenced: a newer owner exists; stop believing at once
@@ -775,6 +798,69 @@ func (c *clusterState) replicate(writes []Write) error {
 		return errUnavailable("%v has a newer owner", stale.Ino)
 	}
 	return errUnavailable("change reached %d of %d servers: %v", acks, c.size, firstErr)
+}
+
+// peerLane sends changes to one peer in the order replicate made them:
+// replicate returns once a majority has a change, so the next change of
+// the same inode may start while a slower peer still receives the last;
+// out of order, that peer would find a version gap and need the whole
+// inode pushed.
+type peerLane struct {
+	mu           sync.Mutex
+	turn         sync.Cond
+	next, served uint64
+}
+
+func newPeerLane() *peerLane {
+	l := &peerLane{}
+	l.turn.L = &l.mu
+	return l
+}
+
+// take reserves the next place in the lane.
+func (l *peerLane) take() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.next++
+	return l.next - 1
+}
+
+// inTurn runs send when every earlier place is done (each is bounded by
+// its call timeout), then frees the place.
+func (l *peerLane) inTurn(ticket uint64, send func() error) error {
+	l.mu.Lock()
+	for l.served != ticket {
+		l.turn.Wait()
+	}
+	l.mu.Unlock()
+	err := send()
+	l.mu.Lock()
+	l.served++
+	l.turn.Broadcast()
+	l.mu.Unlock()
+	return err
+}
+
+// uncommitted is the store's Uncommitted: the change reached a majority
+// but this replica failed to commit it.
+func (c *clusterState) uncommitted(writes []Write) {
+	c.log.Warn("replicated change not committed locally; recovering its inodes before serving them", "inodes", len(SplitByInode(writes)))
+	c.markUnsure(SplitByInode(writes))
+}
+
+// markUnsure makes the next request on each inode recover it from a
+// majority first: this replica may not hold the newest state, and nothing
+// may be served (a read, or the answer to a resend of the same request)
+// from a state that is not on a majority.
+func (c *clusterState) markUnsure(changes []ReplicaChange) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ch := range changes {
+		if ep, ok := c.recovered[ch.Ino]; ok {
+			c.unsure[ch.Ino] = ep
+			delete(c.recovered, ch.Ino)
+		}
+	}
 }
 
 // applyAt sends changes to p; a replica that lacks the inode's previous
@@ -790,15 +876,21 @@ func (c *clusterState) applyAt(ctx context.Context, n *cluster.Node, p ids.Serve
 		if !errors.As(err, &gap) || try == 3 {
 			return err
 		}
-		snap, err := c.s.store.InodeState(gap.Ino)
-		if err != nil {
-			return err
+		// The push may outlive the change's deadline (ctx): a big inode
+		// takes many calls, each with its own timeout. close waits for it
+		// (wg) before the store closes; added before stop is checked, so
+		// that a push either sees stop or is waited for.
+		c.wg.Add(1)
+		select {
+		case <-c.stop:
+			c.wg.Done()
+			return errUnavailable("server closing")
+		default:
 		}
-		e := &enc{}
-		e.u64(uint64(snap.Epoch))
-		e.snapshot(snap)
 		c.stats.statePushes.Add(1)
-		if err := c.replaceAt(ctx, n, p, e.b); err != nil {
+		err = c.replaceAt(context.WithoutCancel(ctx), n, p, gap.Ino, 0)
+		c.wg.Done()
+		if err != nil {
 			return err
 		}
 	}
@@ -829,33 +921,34 @@ func (c *clusterState) handleReplState(_ context.Context, _ ids.ServerID, body [
 	return e.b
 }
 
-func (c *clusterState) handleState(_ context.Context, _ ids.ServerID, body []byte) []byte {
-	d := &dec{b: body}
-	ino := ids.Ino(d.u64())
-	if d.err != nil {
-		return statusReply(d.err)
-	}
-	snap, err := c.s.store.InodeState(ino)
+// handleState serves one page of an inode's state (ReadStatePage).
+func (c *clusterState) handleState(ctx context.Context, _ ids.ServerID, body []byte) []byte {
+	ino, after, maxBytes, err := decodeStateReq(body)
 	if err != nil {
 		return statusReply(err)
 	}
-	e := &enc{}
-	e.u8(stOK)
-	e.snapshot(snap)
-	if len(e.b) > transport.MaxBody-64 {
-		return statusReply(fmt.Errorf("%w: state of %v is %d bytes", ErrSnapshotTooBig, ino, len(e.b)))
+	page, err := c.s.store.ReadStatePage(ctx, ino, after, maxBytes)
+	if err != nil {
+		return statusReply(err)
 	}
-	return e.b
+	return encodeStatePage(page)
 }
 
-func (c *clusterState) handleReplace(_ context.Context, _ ids.ServerID, body []byte) []byte {
-	d := &dec{b: body}
-	ep := ids.Epoch(d.u64())
-	snap := d.snapshot()
-	if d.err != nil {
-		return statusReply(d.err)
+// handleReplace stages one page of a transfer into this replica; the last
+// one switches it in (StagePage).
+func (c *clusterState) handleReplace(ctx context.Context, _ ids.ServerID, body []byte) []byte {
+	tr, seq, records, last, err := decodeStage(body)
+	if err != nil {
+		return statusReply(err)
 	}
-	return statusReply(c.s.store.ReplaceInode(snap, ep))
+	done, err := c.s.store.StagePage(ctx, tr, seq, records, last)
+	if err != nil {
+		return statusReply(err)
+	}
+	if done {
+		return []byte{stOK, 1}
+	}
+	return []byte{stOK, 0}
 }
 
 func (c *clusterState) handleRestamp(_ context.Context, _ ids.ServerID, body []byte) []byte {
@@ -894,6 +987,7 @@ func (c *clusterState) onLost(l cluster.Loss) {
 	c.mu.Lock()
 	delete(c.recovered, l.Ino)
 	delete(c.grace, l.Ino)
+	delete(c.unsure, l.Ino)
 	c.mu.Unlock()
 	m := c.s.lm
 	m.mu.Lock()
@@ -990,9 +1084,16 @@ func (c *clusterState) antiEntropyLoop() {
 
 // catchUp walks p's digest pages and fetches every inode p holds at a newer
 // (epoch, version) than this replica, except inodes this server owns (an
-// owner is never behind: it recovered from a majority).
+// owner is never behind: it recovered from a majority). Once a round
+// (before the first peer) it finishes switches a crash interrupted and
+// drops abandoned transfers' staging.
 func (c *clusterState) catchUp(p ids.ServerID) error {
 	n := c.node.Load()
+	if p == c.others[0] {
+		if err := c.s.store.SweepTransfers(stageIdle); err != nil {
+			c.log.Warn("sweeping transfers' staging", "err", err)
+		}
+	}
 	var after ids.Ino
 	for {
 		select {
@@ -1025,16 +1126,32 @@ func (c *clusterState) catchUp(p ids.ServerID) error {
 		if err != nil {
 			return err
 		}
+		// A few fetches at once: catching up many small inodes is bound
+		// by a round trip and a sync each, not by bandwidth. Each holds
+		// at most a page; all end before the next digest page.
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, fetchWorkers)
+	fetching:
 		for _, ino := range fetch {
 			if _, owns := n.Owns(ino); owns {
 				continue
 			}
-			if err := c.fetchInode(n, p, ino); err != nil {
-				c.log.Debug("anti-entropy fetch", "peer", p, "ino", ino, "err", err)
-				continue
+			select {
+			case <-c.stop:
+				break fetching
+			case sem <- struct{}{}:
 			}
-			c.stats.caughtUp.Add(1)
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				if err := c.fetchInode(n, p, ino); err != nil {
+					c.log.Debug("anti-entropy fetch", "peer", p, "ino", ino, "err", err)
+					return
+				}
+				c.stats.caughtUp.Add(1)
+			}()
 		}
+		wg.Wait()
 		if page.Last() || page.Through <= after {
 			return nil
 		}
@@ -1042,31 +1159,19 @@ func (c *clusterState) catchUp(p ids.ServerID) error {
 	}
 }
 
+// fetchInode copies ino's state from p, a page per call, keeping p's epoch.
 func (c *clusterState) fetchInode(n *cluster.Node, p ids.ServerID, ino ids.Ino) error {
-	ctx, cancel := context.WithTimeout(context.Background(), c.callWait)
-	defer cancel()
-	e := &enc{}
-	e.u64(uint64(ino))
-	rep, err := c.call(ctx, n, p, callState, e.b)
-	if err != nil {
-		return err
-	}
-	d, err := replyErr(rep)
-	if err != nil {
-		return err
-	}
-	snap := d.snapshot()
-	if d.err != nil {
-		return d.err
-	}
-	if snap.Epoch == 0 {
-		return nil // never replicated: nothing to learn
-	}
-	err = c.s.store.ReplaceInode(snap, snap.Epoch)
+	start := time.Now()
+	got, err := CopyInode(context.Background(), peerState{c, n, p}, c.s.store, ino, CopyOptions{PageBytes: transferPage})
 	if errors.Is(err, ErrStaleEpoch) {
 		return nil // we moved on meanwhile
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	c.log.Debug("fetched inode state", "ino", ino, "from", p, "state", replVersion{got.Epoch, got.Version},
+		"records", got.Records, "bytes", got.Bytes, "pages", got.Pages, "took", time.Since(start))
+	return nil
 }
 
 // Stats returns the counters.

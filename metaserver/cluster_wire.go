@@ -3,21 +3,27 @@ package metaserver
 // Server-to-server calls of cluster mode (cluster.Peers.Call kinds) and
 // their encodings. Every body and reply is little-endian, length-prefixed
 // and bounded by transport.MaxBody; a reply starts with a status byte.
+// Also the peer side of whole-inode transfers (store_transfer.go): a
+// peer's store as a StateSource and StateSink, a page per call.
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/metaserver/cluster"
 )
 
 // Peer call kinds.
 const (
 	callApply     byte = 1 // []ReplicaChange → status (ApplyReplica)
 	callReplState byte = 2 // ino → status, epoch, version
-	callState     byte = 3 // ino → status, InodeSnapshot
-	callReplace   byte = 4 // epoch, InodeSnapshot → status (ReplaceInode)
+	callState     byte = 3 // ino, max bytes, after → status, StatePage (ReadStatePage)
+	callReplace   byte = 4 // Transfer, seq, last, records → status, done (StagePage)
 	callRestamp   byte = 5 // ino, epoch, version, new epoch → status, done
 	callHandover  byte = 6 // ino → status (released, or not the owner)
 	callDigest    byte = 7 // after, max → status, DigestPage
@@ -86,6 +92,15 @@ func (d *dec) u64() uint64 {
 	return v
 }
 
+// flag reads a boolean byte: 0 or 1, nothing else.
+func (d *dec) flag() bool {
+	v := d.u8()
+	if v > 1 {
+		d.fail()
+	}
+	return v == 1
+}
+
 func (d *dec) bytes() []byte {
 	n := d.u32()
 	if uint64(n) > uint64(len(d.b)) {
@@ -125,7 +140,7 @@ func (d *dec) writes() []Write {
 	n := d.count(9)
 	out := make([]Write, 0, n)
 	for range n {
-		del := d.u8() == 1
+		del := d.flag()
 		k := d.bytes()
 		v := d.bytes()
 		out = append(out, Write{Key: k, Value: v, Delete: del})
@@ -157,17 +172,187 @@ func decodeChanges(b []byte) ([]ReplicaChange, error) {
 	return out, d.err
 }
 
-func (e *enc) snapshot(s InodeSnapshot) {
-	e.u64(uint64(s.Ino))
-	e.u64(uint64(s.Epoch))
-	e.u64(s.Version)
-	e.writes(s.Records)
+// transferPage bounds one page of an inode's state in a peer call: well
+// under transport.MaxBody, and one modest badger transaction at the
+// receiver.
+const transferPage = 1 << 20
+
+// fetchWorkers bounds anti-entropy's concurrent fetches (and so its memory,
+// a page each).
+const fetchWorkers = 8
+
+func encodeStateReq(ino ids.Ino, after []byte, maxBytes int) []byte {
+	e := &enc{}
+	e.u64(uint64(ino))
+	e.u32(uint32(maxBytes))
+	e.bytes(after)
+	return e.b
 }
 
-func (d *dec) snapshot() InodeSnapshot {
-	s := InodeSnapshot{Ino: ids.Ino(d.u64()), Epoch: ids.Epoch(d.u64()), Version: d.u64()}
-	s.Records = d.writes()
-	return s
+func decodeStateReq(b []byte) (ino ids.Ino, after []byte, maxBytes int, err error) {
+	d := &dec{b: b}
+	ino, maxBytes = ids.Ino(d.u64()), int(d.u32())
+	if after = d.bytes(); len(after) == 0 {
+		after = nil
+	}
+	return ino, after, min(maxBytes, transferPage), d.err
+}
+
+func encodeStatePage(p StatePage) []byte {
+	e := &enc{}
+	e.u8(stOK)
+	e.u64(uint64(p.Epoch))
+	e.u64(p.Version)
+	if p.Last {
+		e.u8(1)
+	} else {
+		e.u8(0)
+	}
+	e.writes(p.Records)
+	return e.b
+}
+
+func decodeStatePage(ino ids.Ino, d *dec) (StatePage, error) {
+	p := StatePage{Ino: ino, Epoch: ids.Epoch(d.u64()), Version: d.u64(), Last: d.flag()}
+	p.Records = d.writes()
+	return p, d.err
+}
+
+func encodeStage(tr Transfer, seq uint32, records []Write, last bool) []byte {
+	e := &enc{}
+	e.u64(uint64(tr.Ino))
+	e.u64(tr.ID)
+	e.u64(tr.Replaces)
+	e.u64(uint64(tr.Epoch))
+	e.u64(uint64(tr.SrcEpoch))
+	e.u64(tr.Version)
+	e.u32(seq)
+	if last {
+		e.u8(1)
+	} else {
+		e.u8(0)
+	}
+	e.writes(records)
+	return e.b
+}
+
+func decodeStage(b []byte) (tr Transfer, seq uint32, records []Write, last bool, err error) {
+	d := &dec{b: b}
+	tr = Transfer{Ino: ids.Ino(d.u64()), ID: d.u64(), Replaces: d.u64(), Epoch: ids.Epoch(d.u64()),
+		SrcEpoch: ids.Epoch(d.u64()), Version: d.u64()}
+	seq, last = d.u32(), d.flag()
+	records = d.writes()
+	return tr, seq, records, last, d.err
+}
+
+// peerState is another server's store as a StateSource and a StateSink:
+// one peer call per page, each with its own timeout, so that a transfer
+// of any size is bounded per page rather than as a whole.
+//
+// A page call is bounded by pageWait, not callWait: a page is bulk data
+// (on a loaded host or a slow link it takes far longer than the small
+// calls callWait is sized for), and one timed-out page abandons the whole
+// copy. A dead peer is still found out within pageWait.
+type peerState struct {
+	c *clusterState
+	n *cluster.Node
+	p ids.ServerID
+}
+
+var (
+	_ StateSource = peerState{}
+	_ StateSink   = peerState{}
+)
+
+func (ps peerState) ReadStatePage(ctx context.Context, ino ids.Ino, after []byte, maxBytes int) (StatePage, error) {
+	cctx, cancel := context.WithTimeout(ctx, ps.c.pageWait())
+	defer cancel()
+	rep, err := ps.c.call(cctx, ps.n, ps.p, callState, encodeStateReq(ino, after, maxBytes))
+	if err != nil {
+		return StatePage{}, err
+	}
+	d, err := replyErr(rep)
+	if err != nil {
+		return StatePage{}, err
+	}
+	return decodeStatePage(ino, d)
+}
+
+func (ps peerState) StagePage(ctx context.Context, tr Transfer, seq uint32, records []Write, last bool) (bool, error) {
+	wait := ps.c.pageWait()
+	if last {
+		// the switch rewrites the whole inode at the receiver
+		wait += switchWait(int64(seq+1) * transferPage)
+	}
+	cctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	rep, err := ps.c.call(cctx, ps.n, ps.p, callReplace, encodeStage(tr, seq, records, last))
+	if err != nil {
+		return false, err
+	}
+	d, err := replyErr(rep)
+	if err != nil {
+		return false, err
+	}
+	done := d.flag()
+	return done, d.err
+}
+
+func (c *clusterState) pageWait() time.Duration { return 4 * c.callWait }
+
+// pushKey names a copy of an inode's state from one server (c: servers
+// in one process, as in tests, stay apart) to replica p, stamped ep.
+type pushKey struct {
+	c   *clusterState
+	p   ids.ServerID
+	ino ids.Ino
+	ep  ids.Epoch
+}
+
+type push struct {
+	done chan struct{}
+	err  error
+}
+
+// pushFlights runs one copy per pushKey at a time; callers that come while
+// it runs wait for it and share its outcome. A package variable rather
+// than a clusterState field: flights are keyed by their server anyway.
+type pushFlights struct {
+	mu sync.Mutex
+	m  map[pushKey]*push
+}
+
+var pushes = pushFlights{m: map[pushKey]*push{}}
+
+// join runs fn unless a copy for k is under way, then waits for that one
+// (or for ctx). A joiner may get a state read before the change it needs:
+// it finds the gap again and copies once more.
+func (f *pushFlights) join(ctx context.Context, k pushKey, fn func() error) error {
+	f.mu.Lock()
+	if p := f.m[k]; p != nil {
+		f.mu.Unlock()
+		select {
+		case <-p.done:
+			return p.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	p := &push{done: make(chan struct{})}
+	f.m[k] = p
+	f.mu.Unlock()
+	p.err = fn()
+	f.mu.Lock()
+	delete(f.m, k)
+	f.mu.Unlock()
+	close(p.done)
+	return p.err
+}
+
+// switchWait is how long a receiver may take to switch to a staged state
+// of about size bytes: a generous 16 MiB/s of badger rewrites.
+func switchWait(size int64) time.Duration {
+	return time.Duration(size/(16<<20)+1) * time.Second
 }
 
 func encodePage(p DigestPage) []byte {

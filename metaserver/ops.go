@@ -128,11 +128,10 @@ func cmpIno(a, b ids.Ino) int {
 // child resolves parent/name without a lock, to know which inode to lock;
 // the operation re-checks under the locks.
 func (s *Server) child(parent ids.Ino, name string) ids.Ino {
-	a, err := s.store.Lookup(parent, name)
-	if err != nil {
+	if checkName(name) != nil {
 		return 0
 	}
-	return a.Ino
+	return s.store.Child(parent, name)
 }
 
 // withChild runs an operation on parent/name under locks that include the
@@ -189,7 +188,10 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			Atime: r.Atime, Mtime: r.Mtime, Ctime: r.Ctime}
 		return s.underLocks(ctx, sess, exclusive(r.Ino), s.once(sess, r, func() *wire.Reply { return attrReply(st.SetAttr(r.Ino, in, now)) }))
 	case wire.OpCreate, wire.OpMkdir, wire.OpSymlink:
-		rep := s.underLocks(ctx, sess, exclusive(r.Parent), s.once(sess, r, func() *wire.Reply {
+		// The child too, if the name exists (a create that opens it,
+		// EEXIST, or a resend answered from it): in a cluster it must be
+		// recovered here before it is read.
+		rep := s.withChild(ctx, sess, r.Parent, r.Name, locks.Shared, locks.Exclusive, s.once(sess, r, func() *wire.Reply {
 			switch r.Op {
 			case wire.OpCreate:
 				a, err := st.Create(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, r.Rdev, now)

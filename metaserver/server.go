@@ -161,6 +161,7 @@ func Start(cfg Config) (*Server, error) {
 		s.cl = newClusterState(s)
 		opts.OwnerEpoch = s.cl.ownerEpoch
 		opts.Replicate = s.cl.replicate
+		opts.Uncommitted = s.cl.uncommitted
 		opts.OnAllocIno = s.cl.onAlloc
 		opts.NoOrphanPurge = true
 	}

@@ -144,13 +144,16 @@ type StoreOptions struct {
 	// the same transaction (store_repl.go). OnCommit sees the stamps;
 	// SplitByInode turns the writes into ReplicaChanges.
 	OwnerEpoch func(ino ids.Ino) (ids.Epoch, error)
-	// Replicate, if set, is called after every committed operation that
-	// wrote something, after OnCommit, with the same writes (valid only
-	// during the call); its error is the operation's error, although the
-	// change stays committed locally (a cluster owner that could not reach
-	// a majority: the change is not acknowledged, and a later owner may or
-	// may not keep it). Called on the operation's goroutine.
-	Replicate func(writes []Write) error
+	// Replicate, if set, is called for every operation that writes
+	// something, inside its transaction before the local commit, with the
+	// writes (valid only during the call); an error aborts the operation
+	// (a cluster owner that could not reach enough other replicas: the
+	// change is not acknowledged and not committed here). After it
+	// succeeds the store commits and syncs; if that fails, Uncommitted is
+	// called with the writes (the other replicas are ahead of this one).
+	// Called on the operation's goroutine.
+	Replicate   func(writes []Write) error
+	Uncommitted func(writes []Write)
 	// OnAllocIno, if set, is called with each new inode number before the
 	// operation that creates it runs (outside any transaction); an error
 	// fails the operation. A cluster server acquires the new inode here.
@@ -204,7 +207,8 @@ type storeCore struct {
 	lock     *os.File
 	onCommit func([]Write)
 	ownerEp  func(ids.Ino) (ids.Epoch, error) // set after init: root and orphan purge are local
-	repl     func([]Write) error
+	repl        func([]Write) error
+	uncommitted func([]Write)
 	onAlloc  func(ids.Ino) error
 
 	inoMu    sync.Mutex
@@ -288,7 +292,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
 	}
 	s.ownerEp = opts.OwnerEpoch
-	s.repl, s.onAlloc = opts.Replicate, opts.OnAllocIno
+	s.repl, s.uncommitted, s.onAlloc = opts.Replicate, opts.Uncommitted, opts.OnAllocIno
 	if opts.InMemory {
 		close(s.done)
 	} else {
@@ -497,6 +501,7 @@ func (s *Store) Apply(writes []Write) error {
 func (s *Store) update(fn func(tx *Tx) error) (*Tx, error) {
 	tx := &Tx{st: s}
 	var err error
+	replicated := false
 	for range maxRetries {
 		err = s.kv.update(func(t kvTxn) error {
 			tx.reset(t, true)
@@ -511,11 +516,35 @@ func (s *Store) update(fn func(tx *Tx) error) (*Tx, error) {
 					return err
 				}
 			}
-			return tx.stampOwned(s.ownerEp)
+			if err := tx.stampOwned(s.ownerEp); err != nil {
+				return err
+			}
+			if s.repl != nil && len(tx.writes) > 0 {
+				// The other replicas first, then this one: a change
+				// that does not reach a majority is nowhere but on
+				// the replicas that took it, all its inodes together,
+				// never half-adopted from this store.
+				if err := s.repl(tx.writes); err != nil {
+					return err
+				}
+				replicated = true
+			}
+			return nil
 		})
-		if err != errConflict {
+		if err != errConflict || replicated {
 			break
 		}
+	}
+	if replicated && err == nil {
+		err = s.kv.sync()
+	}
+	if replicated && err != nil {
+		// the other replicas are ahead of this one
+		if s.uncommitted != nil {
+			s.uncommitted(tx.writes)
+		}
+		tx.releaseBufs()
+		return nil, wire.Errf(wire.CodeUnavailable, "change replicated but not committed here: %v", err)
 	}
 	if err == errConflict {
 		tx.releaseBufs()
@@ -523,9 +552,6 @@ func (s *Store) update(fn func(tx *Tx) error) (*Tx, error) {
 	}
 	if err == nil && s.onCommit != nil && len(tx.writes) > 0 {
 		s.onCommit(tx.writes)
-	}
-	if err == nil && s.repl != nil && len(tx.writes) > 0 {
-		err = s.repl(tx.writes)
 	}
 	tx.releaseBufs()
 	return tx, err

@@ -111,6 +111,21 @@ func (s *Store) Lookup(parent ids.Ino, name string) (Attr, error) {
 	return a, err
 }
 
+// Child returns the inode name's entry in parent points to, 0 if there is
+// none. Unlike Lookup it does not read the child, which in a cluster may
+// not be recovered on this server yet.
+func (s *Store) Child(parent ids.Ino, name string) ids.Ino {
+	var ino ids.Ino
+	_ = s.view(func(tx *Tx) error {
+		e, ok, err := tx.entry(parent, name)
+		if ok && err == nil {
+			ino = e.ino
+		}
+		return nil
+	})
+	return ino
+}
+
 // GetAttr returns an inode's attributes.
 func (s *Store) GetAttr(ino ids.Ino) (Attr, error) {
 	var a Attr

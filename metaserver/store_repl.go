@@ -19,11 +19,13 @@ package metaserver
 // OnCommit's writes, split with SplitByInode, are the ReplicaChanges to send.
 // Sync the owner's store before counting it in the majority. Replicas call
 // ApplyReplica (synced). A replica that answers ErrVersionGap needs the
-// inode's state: send it InodeState and have it ReplaceInode.
+// inode's state: copy it over with CopyInode (store_transfer.go), a page at
+// a time, whatever its size.
 //
-// A new owner of epoch e first reads InodeState from a majority, takes
-// Newest, and makes a majority (itself included) ReplaceInode(newest, e)
-// before it serves a change to the inode.
+// A new owner of epoch e first reads ReplicaState from a majority, takes
+// the newest, and makes a majority (itself included) hold it stamped e
+// (RestampInode where a replica holds it already, CopyInode with Epoch e
+// elsewhere) before it serves a change to the inode.
 //
 // # Safety
 //
@@ -34,6 +36,7 @@ package metaserver
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -53,12 +56,17 @@ var replPrefixes = [...]byte{recAttr, recCookie, recEntry, recChunk, recSymlink,
 const MaxIno = ids.Ino(^uint64(0))
 
 // MaxSnapshotRecords bounds the records of one InodeSnapshot (a file of up
-// to 256 MiB): a snapshot is held in memory and replaced in one transaction.
+// to 256 MiB), which InodeState holds in memory; transfers between servers
+// go a page at a time instead (CopyInode).
 const MaxSnapshotRecords = deleteBatch
 
 const (
 	replFormat = 1
-	replSize   = 1 + 8 + 8
+	// replSwitching marks an 'E' record whose state is being switched in
+	// from a transfer's staging (store_transfer.go): the replica holds it,
+	// partly still staged.
+	replSwitching = 2
+	replSize      = 1 + 8 + 8
 )
 
 var (
@@ -73,7 +81,8 @@ var (
 	// ErrBadChange: a malformed change or snapshot (records of another
 	// inode or of a local kind, zero epoch or version).
 	ErrBadChange = errors.New("metaserver: malformed replica change")
-	// ErrSnapshotTooBig: the inode has more than MaxSnapshotRecords records.
+	// ErrSnapshotTooBig: the inode has more than MaxSnapshotRecords records
+	// for InodeState.
 	ErrSnapshotTooBig = errors.New("metaserver: inode too big for one snapshot")
 )
 
@@ -125,24 +134,46 @@ func (r replState) encode(b []byte) []byte {
 	return binary.BigEndian.AppendUint64(b, r.version)
 }
 
-func decodeRepl(ino ids.Ino, v []byte) (replState, error) {
-	if len(v) != replSize || v[0] != replFormat {
-		return replState{}, wire.Errf(wire.CodeIO, "corrupt replication record of %v (%d bytes)", ino, len(v))
-	}
-	return replState{ids.Epoch(binary.BigEndian.Uint64(v[1:])), binary.BigEndian.Uint64(v[9:])}, nil
+func (r replState) encodeSwitching(b []byte) []byte {
+	b = r.encode(b)
+	b[len(b)-replSize] = replSwitching
+	return b
 }
 
+func decodeRepl(ino ids.Ino, v []byte) (replState, error) {
+	r, _, err := decodeReplEntry(ino, v)
+	return r, err
+}
+
+// decodeReplEntry also reports whether the state is being switched in.
+func decodeReplEntry(ino ids.Ino, v []byte) (replState, bool, error) {
+	if len(v) != replSize || v[0] != replFormat && v[0] != replSwitching {
+		return replState{}, false, wire.Errf(wire.CodeIO, "corrupt replication record of %v (%d bytes)", ino, len(v))
+	}
+	return replState{ids.Epoch(binary.BigEndian.Uint64(v[1:])), binary.BigEndian.Uint64(v[9:])}, v[0] == replSwitching, nil
+}
+
+// replState is the state the replica claims for ino (held, even while
+// being switched in).
 func (tx *Tx) replState(ino ids.Ino) (replState, error) {
+	r, _, err := tx.replEntry(ino)
+	return r, err
+}
+
+// replEntry is replState, and whether the inode's records are being
+// switched to it (they must not be read or changed until settled).
+func (tx *Tx) replEntry(ino ids.Ino) (replState, bool, error) {
 	var r replState
+	var switching bool
 	var derr error
 	_, err := tx.kv.get(tx.key(recRepl, ino, nil), func(v []byte) error {
-		r, derr = decodeRepl(ino, v)
+		r, switching, derr = decodeReplEntry(ino, v)
 		return nil
 	})
 	if err == nil {
 		err = derr
 	}
-	return r, err
+	return r, switching, err
 }
 
 // setReplState writes the 'E' record through tx.set, so that an owner's
@@ -209,9 +240,12 @@ func (tx *Tx) stampOwned(epochOf func(ids.Ino) (ids.Epoch, error)) error {
 		if epoch == 0 {
 			return fmt.Errorf("%w: zero epoch for %v", ErrBadChange, ino)
 		}
-		seen, err := tx.replState(ino)
+		seen, switching, err := tx.replEntry(ino)
 		if err != nil {
 			return err
+		}
+		if switching {
+			return fmt.Errorf("%w: %v", ErrTransferBusy, ino)
 		}
 		next := replState{epoch, seen.version + 1}
 		if _, err := admit(ino, seen, next.epoch, next.version); err != nil {
@@ -331,9 +365,16 @@ func (s *Store) ApplyReplica(changes []ReplicaChange) error {
 		wrote = false
 		for i := range changes {
 			c := &changes[i]
-			seen, err := tx.replState(c.Ino)
+			seen, switching, err := tx.replEntry(c.Ino)
 			if err != nil {
 				return err
+			}
+			if switching && seen.epoch <= c.Epoch {
+				// its records are being replaced: the owner sends the
+				// state again once the switch is over (a deposed owner
+				// is fenced off below, as ever)
+				return &VersionGapError{Ino: c.Ino, Epoch: c.Epoch, Version: c.Version,
+					SeenEpoch: seen.epoch, SeenVersion: seen.version}
 			}
 			apply, err := admit(c.Ino, seen, c.Epoch, c.Version)
 			if err != nil {
@@ -379,7 +420,9 @@ type InodeSnapshot struct {
 func (s InodeSnapshot) state() replState { return replState{s.Epoch, s.Version} }
 
 // ReplicaState returns an inode's stored epoch and version (zero if it was
-// never changed under replication).
+// never changed under replication): the state the replica holds, possibly
+// still being switched in from a transfer's staging (store_transfer.go),
+// never a state it is still receiving.
 func (s *Store) ReplicaState(ino ids.Ino) (ids.Epoch, uint64, error) {
 	var r replState
 	err := s.view(func(tx *Tx) error {
@@ -393,14 +436,22 @@ func (s *Store) ReplicaState(ino ids.Ino) (ids.Epoch, uint64, error) {
 // InodeState returns everything stored for ino, read in one transaction:
 // its epoch, version and every record of every kind. An inode with nothing
 // stored gives an empty snapshot (epoch and version 0), not an error.
-// ErrSnapshotTooBig beyond MaxSnapshotRecords. The caller owns the result.
+// It holds the inode in memory: ErrSnapshotTooBig beyond
+// MaxSnapshotRecords (servers move states with CopyInode, a page at a
+// time). The caller owns the result.
 func (s *Store) InodeState(ino ids.Ino) (InodeSnapshot, error) {
+	if err := s.settle(ino); err != nil {
+		return InodeSnapshot{}, err
+	}
 	snap := InodeSnapshot{Ino: ino}
 	err := s.view(func(tx *Tx) error {
 		snap.Records = snap.Records[:0]
-		r, err := tx.replState(ino)
+		r, switching, err := tx.replEntry(ino)
 		if err != nil {
 			return err
+		}
+		if switching {
+			return fmt.Errorf("%w: %v is switching", ErrTransferBusy, ino)
 		}
 		snap.Epoch, snap.Version = r.epoch, r.version
 		for _, p := range replPrefixes {
@@ -440,73 +491,26 @@ func Newest(snaps []InodeSnapshot) InodeSnapshot {
 
 // ReplaceInode makes the replica's records of snap.Ino exactly snap's
 // (records it holds beyond them are deleted) and stamps it (epoch,
-// snap.Version), in one transaction synced before it returns. A new owner
-// uses it to write the recovered state back under its own epoch; with epoch
-// snap.Epoch it brings a lagging replica up to a peer's state. Fenced as
-// ApplyReplica: a *StaleEpochError if the replica has seen a newer epoch
-// than epoch, and nothing to do if it already holds (epoch, version) at or
-// beyond (epoch, snap.Version). ErrBadChange if snap.Epoch > epoch or a
-// record is not snap.Ino's.
+// snap.Version), synced before it returns: CopyInode from the snapshot, so
+// a crash meanwhile leaves the replica at its previous state, never between
+// the two. Fenced as ApplyReplica: a *StaleEpochError if the replica has
+// seen a newer epoch than epoch, and nothing to do if it already holds
+// (epoch, version) at or beyond (epoch, snap.Version). ErrBadChange if
+// snap.Epoch > epoch or a record is not snap.Ino's.
 func (s *Store) ReplaceInode(snap InodeSnapshot, epoch ids.Epoch) error {
 	if epoch == 0 || snap.Epoch > epoch {
 		return fmt.Errorf("%w: snapshot of %v at %v stamped %v", ErrBadChange, snap.Ino, snap.Epoch, epoch)
 	}
-	if len(snap.Records) > MaxSnapshotRecords {
-		return fmt.Errorf("%w: %v", ErrSnapshotTooBig, snap.Ino)
-	}
-	keep := make(map[string]struct{}, len(snap.Records))
 	for _, w := range snap.Records {
 		if !replicated(w.Key) || w.Ino() != snap.Ino || w.Delete {
 			return fmt.Errorf("%w: record %x in a snapshot of %v", ErrBadChange, w.Key, snap.Ino)
 		}
-		keep[string(w.Key)] = struct{}{}
 	}
-	wrote := false
-	err := s.rawUpdate(func(tx *Tx) error {
-		wrote = false
-		seen, err := tx.replState(snap.Ino)
-		if err != nil {
-			return err
-		}
-		if seen.epoch > epoch {
-			return &StaleEpochError{Ino: snap.Ino, Offered: epoch, Seen: seen.epoch}
-		}
-		if seen.epoch == epoch && seen.version >= snap.Version {
-			return nil // already there or beyond, in the same owner's line
-		}
-		var extra [][]byte
-		for _, p := range replPrefixes {
-			err := tx.scan(tx.key(p, snap.Ino, nil), nil, false, false, func(k, _ []byte) (bool, error) {
-				if _, ok := keep[string(k)]; !ok {
-					if len(extra) == MaxSnapshotRecords {
-						return false, fmt.Errorf("%w: %v", ErrSnapshotTooBig, snap.Ino)
-					}
-					extra = append(extra, tx.key(k[0], snap.Ino, k[9:]))
-				}
-				return true, nil
-			})
-			if err != nil {
-				return err
-			}
-		}
-		for _, k := range extra {
-			if err := tx.kv.del(k); err != nil {
-				return err
-			}
-		}
-		for _, w := range snap.Records {
-			if err := tx.kv.set(w.Key, w.Value); err != nil {
-				return err
-			}
-		}
-		wrote = true
-		return tx.kv.set(tx.key(recRepl, snap.Ino, nil), replState{epoch, snap.Version}.encode(make([]byte, 0, replSize)))
-	})
+	sorted := snap
+	sorted.Records = slices.SortedFunc(slices.Values(snap.Records), func(a, b Write) int { return bytes.Compare(a.Key, b.Key) })
+	_, err := CopyInode(context.Background(), snapshotSource{sorted}, s, snap.Ino, CopyOptions{Epoch: epoch})
 	if err != nil {
 		return fmt.Errorf("metaserver: replace %v: %w", snap.Ino, err)
-	}
-	if wrote {
-		return s.kv.sync()
 	}
 	return nil
 }
@@ -528,7 +532,7 @@ func (s *Store) MaxEpoch() (ids.Epoch, error) {
 }
 
 // Checksum is a SHA-256 over every replicated record, 'E' states included,
-// in key order; 'S' is excluded. Two replicas have equal checksums if and
+// in key order; 'S' and transfers' staging are excluded. Two replicas have equal checksums if and
 // only if they hold the same replicated records (up to SHA-256 collisions).
 // It reads the whole store in one transaction: an operator's check, not a
 // hot path.
@@ -537,7 +541,7 @@ func (s *Store) Checksum() ([32]byte, error) {
 	var lb [2 * binary.MaxVarintLen64]byte
 	err := s.view(func(tx *Tx) error {
 		return tx.scan(nil, nil, false, true, func(k, v []byte) (bool, error) {
-			if k[0] == recServer {
+			if k[0] == recServer || k[0] == recStage {
 				return true, nil
 			}
 			b := binary.AppendUvarint(lb[:0], uint64(len(k)))
@@ -700,7 +704,7 @@ func (tx *Tx) digest(after, through ids.Ino) (DigestPage, error) {
 // DiffDigests compares a replica's page with a peer's page of the same range
 // (DigestRange(peer.After, peer.Through)). Fetch lists the inodes the peer
 // holds at a newer (epoch, version), including those the replica lacks:
-// fetch their InodeState from the peer and ReplaceInode(snap, snap.Epoch).
+// copy their state from the peer (CopyInode, keeping the peer's epoch).
 // Diverged lists inodes at the same (epoch, version) with different records,
 // which replication never produces (records written outside it, such as each
 // server's own root before its first replicated change): an operator's
@@ -745,14 +749,19 @@ func (s *Store) RestampInode(ino ids.Ino, epoch ids.Epoch, version uint64, newEp
 	if version == 0 || newEpoch == 0 || epoch > newEpoch {
 		return false, fmt.Errorf("%w: restamp %v from %v/%d to %v", ErrBadChange, ino, epoch, version, newEpoch)
 	}
+	if err := s.settle(ino); err != nil {
+		return false, fmt.Errorf("metaserver: restamp %v: %w", ino, err)
+	}
 	done, wrote := false, false
 	err := s.rawUpdate(func(tx *Tx) error {
 		done, wrote = false, false
-		seen, err := tx.replState(ino)
+		seen, switching, err := tx.replEntry(ino)
 		if err != nil {
 			return err
 		}
 		switch {
+		case switching:
+			return nil // a transfer is switching it in: not quite held yet
 		case seen.epoch > newEpoch:
 			return &StaleEpochError{Ino: ino, Offered: newEpoch, Seen: seen.epoch}
 		case seen == replState{newEpoch, version}:
