@@ -119,9 +119,9 @@ type clusterState struct {
 	// epoch we own them by; recovering them under the same epoch needs
 	// no grace (our clients' locks never left this server)
 	unsure map[ids.Ino]ids.Epoch
-	pinned    map[ids.Ino]bool
-	health    map[ids.ServerID]*peerHealth
-	lanes     map[ids.ServerID]*peerLane // set at start, read-only
+	pinned map[ids.Ino]bool
+	health map[ids.ServerID]*peerHealth
+	lanes  map[ids.ServerID]*peerLane // set at start, read-only
 
 	stats clusterStats
 	stop  chan struct{}

@@ -199,17 +199,17 @@ type Store struct {
 }
 
 type storeCore struct {
-	kv       kvStore
-	db       *badger.DB
-	log      *slog.Logger
-	server   ids.ServerID
-	dir      string
-	lock     *os.File
-	onCommit func([]Write)
-	ownerEp  func(ids.Ino) (ids.Epoch, error) // set after init: root and orphan purge are local
+	kv          kvStore
+	db          *badger.DB
+	log         *slog.Logger
+	server      ids.ServerID
+	dir         string
+	lock        *os.File
+	onCommit    func([]Write)
+	ownerEp     func(ids.Ino) (ids.Epoch, error) // set after init: root and orphan purge are local
 	repl        func([]Write) error
 	uncommitted func([]Write)
-	onAlloc  func(ids.Ino) error
+	onAlloc     func(ids.Ino) error
 
 	inoMu    sync.Mutex
 	nextIno  uint64 // next counter value to hand out
