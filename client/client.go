@@ -255,6 +255,12 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 		req.ReqID = c.reqs.Add(1)
 	}
 	body := req.Append(nil)
+	// A soft mount's timeout covers every send of the request, resends
+	// after a failover or an unavailable server included.
+	var softDeadline time.Time
+	if c.cfg.SoftTimeout > 0 {
+		softDeadline = time.Now().Add(c.cfg.SoftTimeout)
+	}
 	for {
 		c.mu.Lock()
 		c.seq++
@@ -263,7 +269,7 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 		c.lease.Sent(sent, req.Op == wire.OpRenew)
 		c.mu.Unlock()
 		c.Counters.Requests.Add(1)
-		rep, err := c.roundTrip(ctx, h, body)
+		rep, err := c.roundTrip(ctx, h, body, softDeadline)
 		if errors.Is(err, errSendAgain) {
 			continue
 		}
@@ -306,10 +312,10 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 // sending a request again that the server could not serve.
 const unavailableRetry = 200 * time.Millisecond
 
-func (c *Client) roundTrip(ctx context.Context, h transport.Header, body []byte) (*wire.Reply, error) {
+func (c *Client) roundTrip(ctx context.Context, h transport.Header, body []byte, softDeadline time.Time) (*wire.Reply, error) {
 	cctx, cancel := ctx, context.CancelFunc(func() {})
 	if c.cfg.SoftTimeout > 0 {
-		cctx, cancel = context.WithTimeout(ctx, c.cfg.SoftTimeout)
+		cctx, cancel = context.WithDeadline(ctx, softDeadline)
 	}
 	defer cancel()
 	for {
