@@ -91,7 +91,8 @@ type Client struct {
 	clk clock.Real
 	// reqs numbers the client's changes (wire.Request.ReqID): a resend
 	// after a failover must not apply a change twice.
-	reqs atomic.Uint64
+	reqs     atomic.Uint64
+	inFlight changesInFlight
 
 	// Invalidate, set by fs before mounting, drops the kernel's caches of
 	// an inode (page cache and attributes). Called without locks held.
@@ -243,7 +244,7 @@ var errRecovered = errors.New("client: session recovered after NACK")
 
 // callWith is call; with failOnNack a NACKed request is not sent again in
 // the new session but fails with errRecovered.
-func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool) (*wire.Reply, error) {
+func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool) (_ *wire.Reply, err error) {
 	if !(req.Op == wire.OpPosixLock && req.Lk.Wait) {
 		// Only a lock wait can block for as long as another user likes,
 		// so only it gives way to a signal (EINTR). Anything else
@@ -251,8 +252,18 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 		// an EINTR from open or stat breaks tools that never expect it.
 		ctx = context.WithoutCancel(ctx)
 	}
-	if req.Op.Changes() && req.ReqID == 0 {
-		req.ReqID = c.reqs.Add(1)
+	if req.Op.Changes() {
+		if req.ReqID == 0 {
+			req.ReqID = c.reqs.Add(1)
+		}
+		req.Oldest = c.inFlight.add(req.ReqID)
+		defer func() {
+			if !errors.Is(err, errRecovered) {
+				// (a NACKed flush write stays in flight: its reclaim
+				// sends it again)
+				c.inFlight.done(req.ReqID)
+			}
+		}()
 	}
 	body := req.Append(nil)
 	// A soft mount's timeout covers every send of the request, resends
@@ -527,4 +538,35 @@ func (c *Client) Close() error {
 	_, _ = c.Call(ctx, &wire.Request{Op: wire.OpGoodbye})
 	tr, _ := c.transport()
 	return tr.Close()
+}
+
+// changesInFlight is the set of change requests not yet answered. Each
+// request carries the oldest of them (wire.Request.Oldest): a server that
+// meets a request older than one a later request named as the oldest knows
+// the client has finished with it (a stale copy at a server the client
+// gave up on), and must not apply it.
+type changesInFlight struct {
+	mu  sync.Mutex
+	ids map[uint64]struct{}
+}
+
+// add records id and returns the oldest change in flight.
+func (f *changesInFlight) add(id uint64) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ids == nil {
+		f.ids = map[uint64]struct{}{}
+	}
+	f.ids[id] = struct{}{}
+	oldest := id
+	for other := range f.ids {
+		oldest = min(oldest, other)
+	}
+	return oldest
+}
+
+func (f *changesInFlight) done(id uint64) {
+	f.mu.Lock()
+	delete(f.ids, id)
+	f.mu.Unlock()
 }

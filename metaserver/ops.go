@@ -405,7 +405,7 @@ func changeOrigin(sess *session, r *wire.Request) (Origin, bool) {
 	if !r.Op.Changes() || r.ReqID == 0 {
 		return Origin{}, false
 	}
-	o := Origin{Ino: r.Ino, Client: sess.client, Req: r.ReqID}
+	o := Origin{Ino: r.Ino, Client: sess.client, Req: r.ReqID, Oldest: r.Oldest}
 	switch r.Op {
 	case wire.OpCreate, wire.OpMkdir, wire.OpSymlink, wire.OpUnlink, wire.OpRmdir, wire.OpRename:
 		o.Ino = r.Parent
@@ -433,9 +433,14 @@ func (s *Server) replayed(sess *session, r *wire.Request) (*wire.Reply, bool) {
 	if !ok {
 		return nil, false
 	}
-	done, err := s.store.Applied(o)
+	done, stale, err := s.store.Applied(o)
 	if err != nil {
 		return wire.ErrorReply(err), true
+	}
+	if stale {
+		s.log.Info("stale copy of a change the client has finished with; not applied",
+			"client", sess.client, "op", r.Op, "req", r.ReqID, "ino", o.Ino)
+		return wire.ErrorReply(wire.Errf(wire.CodeStale, "request %d superseded", r.ReqID)), true
 	}
 	if !done {
 		return nil, false

@@ -21,6 +21,9 @@ type Origin struct {
 	Ino    ids.Ino // the inode the request's id is recorded with: one the change writes
 	Client ids.ClientID
 	Req    uint64 // the client's id for the request: the same in every resend
+	// Oldest is the client's oldest change in flight when it made this
+	// one: changes of the client before it are finished for the client.
+	Oldest uint64
 }
 
 const (
@@ -31,8 +34,10 @@ const (
 	// of the inode this long after the client's last change to it. A
 	// resend comes within the client's failover, seconds.
 	doneTTL = 10 * time.Minute
-	// doneEntry is one kept id: request id, time of the change (ns).
-	doneEntry = 16
+	// doneEntry is one kept id: request id, time of the change (ns). A
+	// record is the greatest Oldest seen (8 bytes), then the entries.
+	doneEntry  = 16
+	doneHeader = 8
 )
 
 // For returns a view of the store whose changes record o (nothing for a
@@ -42,22 +47,29 @@ func (s *Store) For(o Origin) *Store {
 }
 
 // Applied reports whether a change for o was made (and so reached the
-// replica this store is).
-func (s *Store) Applied(o Origin) (bool, error) {
-	found := false
-	err := s.view(func(tx *Tx) error {
-		found = false
+// replica this store is), and if not, whether it is stale: a later change
+// of the client said o was no longer in flight, so the client has given up
+// on this copy of it (it was answered, here or elsewhere) and it must not
+// be made now.
+func (s *Store) Applied(o Origin) (applied, stale bool, err error) {
+	err = s.view(func(tx *Tx) error {
+		applied, stale = false, false
 		_, err := tx.get(tx.key64(recDone, o.Ino, uint64(o.Client)), func(v []byte) error {
-			for ; len(v) >= doneEntry; v = v[doneEntry:] {
+			if len(v) < doneHeader {
+				return nil
+			}
+			oldest := binary.LittleEndian.Uint64(v)
+			for v = v[doneHeader:]; len(v) >= doneEntry; v = v[doneEntry:] {
 				if binary.LittleEndian.Uint64(v) == o.Req {
-					found = true
+					applied = true
 				}
 			}
+			stale = !applied && o.Req < oldest
 			return nil
 		})
 		return err
 	})
-	return found, err
+	return applied, stale, err
 }
 
 // recordDone adds o.Req to the client's record of o.Ino (newest first,
@@ -65,16 +77,21 @@ func (s *Store) Applied(o Origin) (bool, error) {
 // than doneTTL.
 func (tx *Tx) recordDone(o Origin, now int64) error {
 	key := tx.key64(recDone, o.Ino, uint64(o.Client))
-	val := make([]byte, doneEntry, doneEntry*doneKeep)
-	binary.LittleEndian.PutUint64(val, o.Req)
-	binary.LittleEndian.PutUint64(val[8:], uint64(now))
+	val := make([]byte, doneHeader+doneEntry, doneHeader+doneEntry*doneKeep)
+	binary.LittleEndian.PutUint64(val, o.Oldest)
+	binary.LittleEndian.PutUint64(val[doneHeader:], o.Req)
+	binary.LittleEndian.PutUint64(val[doneHeader+8:], uint64(now))
 	var stale [][]byte
 	err := tx.scan(tx.key(recDone, o.Ino, nil), nil, false, true, func(k, v []byte) (bool, error) {
+		if len(v) < doneHeader+doneEntry {
+			return true, nil
+		}
 		if binary.BigEndian.Uint64(k[9:]) == uint64(o.Client) {
-			for ; len(v) >= doneEntry && len(val) < cap(val); v = v[doneEntry:] {
+			binary.LittleEndian.PutUint64(val, max(o.Oldest, binary.LittleEndian.Uint64(v)))
+			for v = v[doneHeader:]; len(v) >= doneEntry && len(val) < cap(val); v = v[doneEntry:] {
 				val = append(val, v[:doneEntry]...)
 			}
-		} else if len(v) >= doneEntry && now-int64(binary.LittleEndian.Uint64(v[8:])) > int64(doneTTL) {
+		} else if now-int64(binary.LittleEndian.Uint64(v[doneHeader+8:])) > int64(doneTTL) {
 			stale = append(stale, tx.key(recDone, o.Ino, k[9:]))
 		}
 		return true, nil

@@ -11,7 +11,7 @@ import (
 
 func applied(t *testing.T, s *Store, o Origin) bool {
 	t.Helper()
-	ok, err := s.Applied(o)
+	ok, _, err := s.Applied(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,11 +112,36 @@ func TestStoreAppliedRequestsExpire(t *testing.T) {
 	var first uint64
 	if _, err := s.Update(func(tx *Tx) error {
 		_, err := tx.get(tx.key64(recDone, ids.RootIno, 3), func(v []byte) error {
-			first = binary.LittleEndian.Uint64(v)
+			first = binary.LittleEndian.Uint64(v[doneHeader:])
 			return nil
 		})
 		return err
 	}); err != nil || first != 1 {
 		t.Fatalf("client 3's record: first id %d, %v", first, err)
+	}
+}
+
+// A change older than the oldest one a later change of the same client
+// had in flight is stale (the client is done with it): not applied, and
+// reported as such; newer unknown changes are not.
+func TestStoreAppliedStale(t *testing.T) {
+	s := newStore(t)
+	const client = ids.ClientID(9)
+	o := Origin{Ino: ids.RootIno, Client: client, Req: 5, Oldest: 4}
+	if _, err := s.For(o).Mkdir(ids.RootIno, "d", 0o755, 0, 0, time.Now().UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		req            uint64
+		applied, stale bool
+	}{{5, true, false}, {3, false, true}, {4, false, false}, {6, false, false}} {
+		applied, stale, err := s.Applied(Origin{Ino: ids.RootIno, Client: client, Req: c.req})
+		if err != nil || applied != c.applied || stale != c.stale {
+			t.Errorf("request %d: applied %v stale %v (%v), want %v %v", c.req, applied, stale, err, c.applied, c.stale)
+		}
+	}
+	// another client's requests are not affected
+	if _, stale, _ := s.Applied(Origin{Ino: ids.RootIno, Client: client + 1, Req: 1}); stale {
+		t.Error("another client's request reported stale")
 	}
 }

@@ -244,8 +244,11 @@ type Request struct {
 	// finds it applied answers from the current state (client ID + ReqID
 	// is unique; 0: not a change).
 	ReqID uint64
-	Lk    PosixLk
-	Data  []byte
+	// Oldest is the oldest change the client had in flight when it made
+	// this one: every change before it is finished for the client.
+	Oldest uint64
+	Lk     PosixLk
+	Data   []byte
 }
 
 // Append encodes r after b.
@@ -273,6 +276,7 @@ func (r *Request) Append(b []byte) []byte {
 	e.u8(uint8(r.LockMode))
 	e.u64(r.Version)
 	e.u64(r.ReqID)
+	e.u64(r.Oldest)
 	e.lk(&r.Lk)
 	e.bytes(r.Data)
 	return e.b
@@ -304,6 +308,7 @@ func ParseRequest(b []byte) (*Request, error) {
 	r.LockMode = LockMode(d.u8())
 	r.Version = d.u64()
 	r.ReqID = d.u64()
+	r.Oldest = d.u64()
 	d.lk(&r.Lk)
 	r.Data = d.bytes(MaxData)
 	if err := d.end(); err != nil {
