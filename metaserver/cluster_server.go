@@ -718,6 +718,7 @@ func (c *clusterState) writeBack(ctx context.Context, n *cluster.Node, p ids.Ser
 
 // replaceAt copies ino's state from this server's store to replica p, a
 // page per call, stamped ep (0: the state's own epoch).
+//
 // Concurrent copies of one inode to one replica join (pushes.join): every
 // change that meets the replica's version gap would otherwise start its
 // own copy of the whole state, each superseding the last at the replica.
