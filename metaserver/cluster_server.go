@@ -974,7 +974,7 @@ func (c *clusterState) handleDigest(_ context.Context, _ ids.ServerID, body []by
 	if d.err != nil {
 		return statusReply(d.err)
 	}
-	page, err := c.s.store.Digest(after, min(max, 4096))
+	page, err := c.s.store.Digest(after, min(max, 4096), false)
 	if err != nil {
 		return statusReply(err)
 	}
@@ -1119,7 +1119,7 @@ func (c *clusterState) catchUp(p ids.ServerID) error {
 		if d.err != nil {
 			return d.err
 		}
-		local, err := c.s.store.DigestRange(page.After, page.Through)
+		local, err := c.s.store.DigestRange(page.After, page.Through, false)
 		if err != nil {
 			return err
 		}

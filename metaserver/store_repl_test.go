@@ -24,7 +24,7 @@ type replNode struct {
 
 var errNotOwner = errors.New("test: not the owner")
 
-func newReplNode(t *testing.T, id ids.ServerID) *replNode {
+func newReplNode(t testing.TB, id ids.ServerID) *replNode {
 	t.Helper()
 	n := &replNode{}
 	n.s = openTestStore(t, t.TempDir(), StoreOptions{
@@ -307,7 +307,7 @@ func allInos(t *testing.T, stores ...*Store) []ids.Ino {
 	var out []ids.Ino
 	for _, s := range stores {
 		for after := ids.Ino(0); after != MaxIno; {
-			page := must[DigestPage](t)(s.Digest(after, 3))
+			page := must[DigestPage](t)(s.Digest(after, 3, true))
 			for _, d := range page.Inodes {
 				out = append(out, d.Ino)
 			}
@@ -462,13 +462,18 @@ func TestReplAntiEntropy(t *testing.T) {
 	must[any](t)(nil, a.s.Purge(files[9].Ino))
 	a.take() // b misses them all
 
-	fetch, diverged, pages, seen := antiEntropy(t, b.s, a.s, 4)
 	want := []ids.Ino{ids.RootIno, files[3].Ino, files[7].Ino, files[9].Ino}
-	if !slices.Equal(fetch, want) || len(diverged) != 0 {
-		t.Fatalf("fetch %v diverged %v, want fetch %v", fetch, diverged, want)
-	}
-	if pages < 4 || len(seen) != 13 {
-		t.Fatalf("%d pages listed %d inodes", pages, len(seen))
+	var fetch, diverged []ids.Ino
+	for _, hashes := range []bool{false, true} { // servers' rounds go without
+		var pages int
+		var seen []ids.Ino
+		fetch, diverged, pages, seen = antiEntropy(t, b.s, a.s, 4, hashes)
+		if !slices.Equal(fetch, want) || len(diverged) != 0 {
+			t.Fatalf("hashes %v: fetch %v diverged %v, want fetch %v", hashes, fetch, diverged, want)
+		}
+		if pages < 4 || len(seen) != 13 {
+			t.Fatalf("hashes %v: %d pages listed %d inodes", hashes, pages, len(seen))
+		}
 	}
 	for _, ino := range fetch {
 		snap := must[InodeSnapshot](t)(a.s.InodeState(ino))
@@ -477,7 +482,7 @@ func TestReplAntiEntropy(t *testing.T) {
 	sameChecksums(t, a, b)
 	for _, pair := range [][2]*Store{{a.s, b.s}, {b.s, a.s}} {
 		for _, max := range []int{1, 5} {
-			if fetch, diverged, pages, _ := antiEntropy(t, pair[0], pair[1], max); len(fetch)+len(diverged) != 0 || max == 1 && pages != 13 {
+			if fetch, diverged, pages, _ := antiEntropy(t, pair[0], pair[1], max, true); len(fetch)+len(diverged) != 0 || max == 1 && pages != 13 {
 				t.Fatalf("converged stores differ: fetch %v diverged %v (%d pages)", fetch, diverged, pages)
 			}
 		}
@@ -488,22 +493,22 @@ func TestReplAntiEntropy(t *testing.T) {
 
 	// two stores that never replicated: each made its own root
 	x, y := newReplNode(t, 5), newReplNode(t, 6)
-	fetch, diverged, _, _ = antiEntropy(t, x.s, y.s, 0)
+	fetch, diverged, _, _ = antiEntropy(t, x.s, y.s, 0, true)
 	if len(fetch) != 0 || !slices.Equal(diverged, []ids.Ino{ids.RootIno}) {
 		t.Fatalf("fresh stores: fetch %v diverged %v", fetch, diverged)
 	}
 }
 
 // antiEntropy walks peer's digest in pages of max inodes and compares each
-// with local's digest of the same range.
-func antiEntropy(t *testing.T, local, peer *Store, max int) (fetch, diverged []ids.Ino, pages int, seen []ids.Ino) {
+// with local's digest of the same range, with or without hashes.
+func antiEntropy(t *testing.T, local, peer *Store, max int, hashes bool) (fetch, diverged []ids.Ino, pages int, seen []ids.Ino) {
 	t.Helper()
 	for after := ids.Ino(0); ; {
-		p := must[DigestPage](t)(peer.Digest(after, max))
+		p := must[DigestPage](t)(peer.Digest(after, max, hashes))
 		if p.After != after || (max > 0 && len(p.Inodes) > max) {
 			t.Fatalf("page after %v: %+v", after, p)
 		}
-		l := must[DigestPage](t)(local.DigestRange(p.After, p.Through))
+		l := must[DigestPage](t)(local.DigestRange(p.After, p.Through, hashes))
 		f, d, err := DiffDigests(l, p)
 		if err != nil {
 			t.Fatal(err)

@@ -54,7 +54,7 @@ func writeFile(t testing.TB, s *Store, ino ids.Ino, data []byte) {
 // inodeDigest is ino's state and the hash of its records in s.
 func inodeDigest(t testing.TB, s *Store, ino ids.Ino) InodeDigest {
 	t.Helper()
-	page := must[DigestPage](t)(s.DigestRange(ino-1, ino))
+	page := must[DigestPage](t)(s.DigestRange(ino-1, ino, true))
 	if len(page.Inodes) == 0 {
 		return InodeDigest{Ino: ino}
 	}
