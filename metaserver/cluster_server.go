@@ -673,8 +673,12 @@ func (c *clusterState) recover(ctx context.Context, n *cluster.Node, ino ids.Ino
 	// of a majority names it): its lock table still holds whatever locks
 	// its clients had, failed clients' included, until they are stolen.
 	// Nor if the last owner says none of its clients can trust a lock.
+	// Nor if the newest state of a majority is unstamped (a fresh
+	// cluster's root): no owner ever served the inode, since an owner
+	// serves only after stamping a majority.
 	selfLast := paxos.BallotServer(best.epoch) == c.self && paxos.BallotBoot(best.epoch) == n.Boot()
-	needGrace := !handedOver && !selfLast && exists && !c.previousOwnerReleased(ctx, n, ino, best.epoch)
+	neverServed := best.epoch == 0
+	needGrace := !handedOver && !selfLast && !neverServed && exists && !c.previousOwnerReleased(ctx, n, ino, best.epoch)
 	c.mu.Lock()
 	c.recovered[ino] = ep
 	sameOwner := c.unsure[ino] == ep

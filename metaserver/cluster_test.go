@@ -225,6 +225,11 @@ func TestClusterHandover(t *testing.T) {
 	if st1.HandoversGiven == 0 || st2.HandoversGiven == 0 {
 		t.Fatalf("expected hand-overs both ways: %+v / %+v", st1, st2)
 	}
+	// the fresh cluster's root was never served before server 1 took it,
+	// and every later move was a hand-over: nothing waits out a grace
+	if st1.GracesStarted+st2.GracesStarted != 0 {
+		t.Fatalf("graces: %+v / %+v", st1, st2)
+	}
 	if d := tc.converge(5 * time.Second); d > 0 {
 		t.Logf("replicas converged after %v more", d)
 	}
