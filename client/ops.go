@@ -92,9 +92,15 @@ func (c *Client) forget(inos ...ids.Ino) {
 }
 
 // entryChanged records, under the X lock the reply granted on dir, that
-// dir/name now names child (0: nothing) and that dir's times changed.
-func entryChanged(ch *cache.Cache, dir ids.Ino, name string, child ids.Ino) {
-	ch.InvalidateAttr(dir)
+// dir/name now names child (0: nothing) and that dir's times changed: to
+// dirAttr, the attributes the server read after the change, if it sent
+// them.
+func entryChanged(ch *cache.Cache, dir ids.Ino, name string, child ids.Ino, dirAttr *wire.Attr) {
+	if dirAttr != nil && dirAttr.Ino == dir {
+		ch.SetAttr(dirAttr)
+	} else {
+		ch.InvalidateAttr(dir)
+	}
 	ch.SetEntry(dir, name, child)
 }
 
@@ -102,7 +108,7 @@ func entryChanged(ch *cache.Cache, dir ids.Ino, name string, child ids.Ino) {
 func (c *Client) createCall(ctx context.Context, req *wire.Request) (*wire.Attr, error) {
 	rep, err := c.call(ctx, req, func(ch *cache.Cache, rep *wire.Reply) {
 		if rep.Code == wire.CodeOK && rep.Attr != nil {
-			entryChanged(ch, req.Parent, req.Name, rep.Attr.Ino)
+			entryChanged(ch, req.Parent, req.Name, rep.Attr.Ino, rep.Attr2)
 			if req.Op == wire.OpMkdir {
 				ch.MarkComplete(rep.Attr.Ino) // empty, and ours under X
 			}
@@ -166,7 +172,7 @@ func (c *Client) Link(ctx context.Context, ino, newParent ids.Ino, name string) 
 	rep, err := c.call(ctx, &wire.Request{Op: wire.OpLink, Ino: ino, NewPar: newParent, Name: name},
 		func(ch *cache.Cache, rep *wire.Reply) {
 			if rep.Code == wire.CodeOK {
-				entryChanged(ch, newParent, name, ino)
+				entryChanged(ch, newParent, name, ino, rep.Attr2)
 			}
 		})
 	c.forget(ino)
@@ -186,7 +192,7 @@ func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error 
 	_, err := c.call(ctx, &wire.Request{Op: wire.OpUnlink, Parent: parent, Name: name},
 		func(ch *cache.Cache, rep *wire.Reply) {
 			if rep.Code == wire.CodeOK {
-				entryChanged(ch, parent, name, 0)
+				entryChanged(ch, parent, name, 0, rep.Attr2)
 			}
 		})
 	if err != nil {
@@ -203,7 +209,7 @@ func (c *Client) Rmdir(ctx context.Context, parent ids.Ino, name string) error {
 	_, err := c.call(ctx, &wire.Request{Op: wire.OpRmdir, Parent: parent, Name: name},
 		func(ch *cache.Cache, rep *wire.Reply) {
 			if rep.Code == wire.CodeOK {
-				entryChanged(ch, parent, name, 0)
+				entryChanged(ch, parent, name, 0, rep.Attr2)
 			}
 		})
 	if err != nil {
@@ -231,8 +237,8 @@ func (c *Client) Rename(ctx context.Context, parent ids.Ino, name string, newPar
 			if flags&renameExchange != 0 {
 				back = target.Ino
 			}
-			entryChanged(ch, parent, name, back)
-			entryChanged(ch, newParent, newName, moved.Ino)
+			entryChanged(ch, parent, name, back, nil)
+			entryChanged(ch, newParent, newName, moved.Ino, nil)
 		})
 	if err != nil {
 		c.forget(parent, newParent)

@@ -261,3 +261,33 @@ func TestCachedOpsNoRoundTrip(t *testing.T) {
 		t.Fatalf("no cache hits recorded: %+v -> %+v", before, after)
 	}
 }
+
+// TestCreateRoundTrips: creating and removing files in a directory this
+// mount holds costs one server request per create (plus the close's
+// release, which nobody waits for) and one per unlink: the replies carry
+// the directory's new attributes, so the kernel's lookups of the
+// directory between them are answered from the cache.
+func TestCreateRoundTrips(t *testing.T) {
+	s := startServer(t)
+	m := startMount(t, s)
+	dir := filepath.Join(m.dir, "d")
+	must(t, os.Mkdir(dir, 0o755))
+	_, err := os.Stat(dir)
+	must(t, err)
+	const n = 100
+	before := mountStatus(t, m.dir)
+	for i := range n {
+		must(t, os.WriteFile(filepath.Join(dir, fmt.Sprint("f", i)), nil, 0o644))
+	}
+	created := mountStatus(t, m.dir)
+	for i := range n {
+		must(t, os.Remove(filepath.Join(dir, fmt.Sprint("f", i))))
+	}
+	removed := mountStatus(t, m.dir)
+	if got := created.Requests - before.Requests; got > 2*n+2 {
+		t.Errorf("%d server requests for %d creates (want create + release each)", got, n)
+	}
+	if got := removed.Requests - created.Requests; got > n+2 {
+		t.Errorf("%d server requests for %d unlinks", got, n)
+	}
+}

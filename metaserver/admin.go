@@ -36,6 +36,7 @@ import (
 	"html/template"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -180,6 +181,10 @@ func (s *Server) ServeAdmin(cfg AdminConfig) (*Admin, error) {
 	mux.HandleFunc("POST /api/evict", a.evict)
 	mux.HandleFunc("POST /api/peer-cut", a.peerCut)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
+	// Profiles of the server process, behind the same token as the rest
+	// (go tool pprof http://ADMIN/debug/pprof/profile).
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	a.http = &http.Server{Handler: a.authorize(mux), ReadHeaderTimeout: 10 * time.Second}
 	servers.Store(s, a.m)
 	go func() { _ = a.http.Serve(ln) }()

@@ -200,11 +200,11 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 					// from unlinking the new file.
 					s.openHandle(sess, a.Ino)
 				}
-				return attrReply(a, err)
+				return s.withDirAttr(attrReply(a, err), r.Parent)
 			case wire.OpMkdir:
-				return attrReply(st.Mkdir(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, now))
+				return s.withDirAttr(attrReply(st.Mkdir(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, now)), r.Parent)
 			}
-			return attrReply(st.Symlink(r.Parent, r.Name, r.Target, r.Uid, r.Gid, now))
+			return s.withDirAttr(attrReply(st.Symlink(r.Parent, r.Name, r.Target, r.Uid, r.Gid, now)), r.Parent)
 		}))
 		if rep.Attr != nil {
 			// The creator may cache the new inode at once: nobody else
@@ -228,7 +228,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		return &wire.Reply{Data: []byte(t)}
 	case wire.OpLink:
 		return s.underLocks(ctx, sess, exclusive(r.Ino, r.NewPar), s.once(sess, r, func() *wire.Reply {
-			return attrReply(st.Link(r.Ino, r.NewPar, r.Name, now))
+			return s.withDirAttr(attrReply(st.Link(r.Ino, r.NewPar, r.Name, now)), r.NewPar)
 		}))
 	case wire.OpUnlink:
 		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, s.once(sess, r, func() *wire.Reply {
@@ -236,11 +236,11 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			if err == nil {
 				s.removed(&a)
 			}
-			return errReply(err)
+			return s.withDirAttr(errReply(err), r.Parent)
 		}))
 	case wire.OpRmdir:
 		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, s.once(sess, r, func() *wire.Reply {
-			return errReply(st.Rmdir(r.Parent, r.Name, now))
+			return s.withDirAttr(errReply(st.Rmdir(r.Parent, r.Name, now)), r.Parent)
 		}))
 	case wire.OpRename:
 		for attempt := 0; ; attempt++ {
@@ -397,6 +397,20 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		return &wire.Reply{Lk: lk}
 	}
 	return wire.ErrorReply(wire.Errf(wire.CodeNotSupported, "operation %v", r.Op))
+}
+
+// withDirAttr adds to a successful change of dir's entries dir's
+// attributes after it (Attr2), read under the X lock the change holds on
+// dir: the client caches them under that lock instead of asking again at
+// the kernel's next lookup of dir (one request of three per create).
+func (s *Server) withDirAttr(rep *wire.Reply, dir ids.Ino) *wire.Reply {
+	if rep.Code != wire.CodeOK {
+		return rep
+	}
+	if a, err := s.store.GetAttr(dir); err == nil {
+		rep.Attr2 = toWire(a)
+	}
+	return rep
 }
 
 // changeOrigin is the Origin a change request records (store_done.go):
