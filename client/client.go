@@ -80,6 +80,7 @@ var ErrTimeout = errors.New("client: server unreachable (soft timeout)")
 type Counters struct {
 	Requests, NacksReceived, Recoveries, Revocations atomic.Int64
 	ReclaimsOK, ReclaimsRefused, DataLost            atomic.Int64
+	Prefetches                                       atomic.Int64 // readahead requests sent
 }
 
 // Client is one mount's connection to leasefs.
@@ -108,6 +109,7 @@ type Client struct {
 	lapsed  bool // a lapse was logged
 
 	wb        writeback
+	ra        readAhead
 	recoverMu sync.Mutex // one recovery at a time
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -512,6 +514,7 @@ type Stats struct {
 	ReclaimsOK      int64
 	ReclaimsRefused int64
 	DataLost        int64
+	Prefetches      int64
 }
 
 // Stats returns the client's state and counters.
@@ -524,7 +527,7 @@ func (c *Client) Stats() Stats {
 		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
 		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load(),
 		ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
-		DataLost: c.Counters.DataLost.Load()}
+		DataLost: c.Counters.DataLost.Load(), Prefetches: c.Counters.Prefetches.Load()}
 }
 
 // Close ends the session cleanly (releasing every lock at once) and closes

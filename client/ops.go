@@ -282,11 +282,15 @@ func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, size int) ([
 		return nil, err
 	}
 	var data []byte
-	if c.cached(func(ch *cache.Cache) bool {
-		var ok bool
-		data, ok = ch.ReadData(ino, off, size)
-		return ok
-	}) {
+	fromCache := func() bool {
+		return c.cached(func(ch *cache.Cache) bool {
+			var ok bool
+			data, ok = ch.ReadData(ino, off, size)
+			return ok
+		})
+	}
+	if fromCache() || c.waitPrefetch(ctx, ino, off) && fromCache() {
+		c.readDone(ino, off, len(data))
 		return data, nil
 	}
 	// Whole pages, so that what comes back can be cached.
@@ -303,7 +307,9 @@ func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, size int) ([
 		return nil, err
 	}
 	data = rep.Data[min(off-start, uint64(len(rep.Data))):]
-	return data[:min(len(data), size)], nil
+	data = data[:min(len(data), size)]
+	c.readDone(ino, off, len(data))
+	return data, nil
 }
 
 // Fsync returns once everything written so far is durable on the server.

@@ -214,6 +214,7 @@ type clientStatus struct {
 	Hits       int64
 	DataLost   int64
 	ReclaimsOK int64
+	Prefetches int64
 }
 
 func mountStatus(t *testing.T, dir string) clientStatus {
@@ -289,5 +290,64 @@ func TestCreateRoundTrips(t *testing.T) {
 	}
 	if got := removed.Requests - created.Requests; got > n+2 {
 		t.Errorf("%d server requests for %d unlinks", got, n)
+	}
+}
+
+// TestReadAheadCoherent: a mount reading a file sequentially fetches
+// ahead of itself; a write by another mount to a part fetched ahead, and
+// one by the reader itself, are seen by the reads that follow.
+func TestReadAheadCoherent(t *testing.T) {
+	a, b := twoMounts(t)
+	const size = 12 << 20
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i*7 + i>>12)
+	}
+	must(t, os.WriteFile(filepath.Join(a.dir, "f"), want, 0o644))
+
+	fb, err := os.OpenFile(filepath.Join(b.dir, "f"), os.O_RDWR, 0)
+	must(t, err)
+	defer fb.Close()
+	before := mountStatus(t, b.dir)
+	buf := make([]byte, 1<<20)
+	readAt := func(off int) {
+		t.Helper()
+		n, err := fb.ReadAt(buf, int64(off))
+		if err != nil && n != len(buf) {
+			t.Fatalf("read at %d: %d bytes, %v", off, n, err)
+		}
+		if !bytes.Equal(buf[:n], want[off:off+n]) {
+			i := 0
+			for buf[i] == want[off+i] {
+				i++
+			}
+			t.Fatalf("read at %d differs at %d: %q, want %q", off, off+i, buf[i:min(i+8, n)], want[off+i:off+i+8])
+		}
+	}
+	readAt(0)
+	readAt(1 << 20)
+	if st := mountStatus(t, b.dir); st.Prefetches == before.Prefetches {
+		t.Fatalf("no readahead after two sequential reads: %+v", st)
+	}
+
+	// A changes bytes B has fetched ahead (or is fetching)
+	fa, err := os.OpenFile(filepath.Join(a.dir, "f"), os.O_WRONLY, 0)
+	must(t, err)
+	defer fa.Close()
+	_, err = fa.WriteAt([]byte("CHANGED BY A"), 3<<20+100)
+	must(t, err)
+	must(t, fa.Close())
+	copy(want[3<<20+100:], "CHANGED BY A")
+	// B changes bytes ahead of its own reads
+	_, err = fb.WriteAt([]byte("CHANGED BY B"), 4<<20+200)
+	must(t, err)
+	copy(want[4<<20+200:], "CHANGED BY B")
+	for off := 2 << 20; off < size; off += 1 << 20 {
+		readAt(off)
+	}
+	got, err := os.ReadFile(filepath.Join(a.dir, "f"))
+	must(t, err)
+	if !bytes.Equal(got, want) {
+		t.Fatal("A reads another file than B")
 	}
 }

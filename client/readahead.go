@@ -1,0 +1,163 @@
+package client
+
+import (
+	"context"
+	"sync"
+
+	"github.com/leasefs/leasefs/cache"
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// Readahead: a file read sequentially is fetched ahead of its reader into
+// the data cache, a few requests in flight, so that the reader's next
+// reads find their pages there. One reader's reads otherwise wait in turn
+// for the server's read, the transfer and the copy into the kernel; ahead,
+// they overlap. Prefetched pages are cached like any read's, under the
+// lock its reply granted, and dropped with it.
+
+const (
+	readAheadChunk  = 1 << 20 // bytes per prefetch request
+	readAheadWindow = 4 << 20 // bytes fetched ahead of a sequential reader
+	readAheadSlots  = 8       // prefetch requests in flight, all files together
+	readAheadFiles  = 1024    // sequential readers remembered
+)
+
+type readAhead struct {
+	mu    sync.Mutex
+	files map[ids.Ino]*readStream
+	slots chan struct{}
+}
+
+// readStream is one file's reader: where its last read ended and how far
+// ahead of it the file is fetched or being fetched.
+type readStream struct {
+	next    uint64
+	ahead   uint64
+	fetches []*prefetch
+}
+
+// prefetch is one request in flight: [start, end), done when it is cached
+// (or failed).
+type prefetch struct {
+	start, end uint64
+	done       chan struct{}
+}
+
+// waitPrefetch waits for a prefetch in flight that covers off, and reports
+// whether there was one.
+func (c *Client) waitPrefetch(ctx context.Context, ino ids.Ino, off uint64) bool {
+	ra := &c.ra
+	ra.mu.Lock()
+	var done chan struct{}
+	if s := ra.files[ino]; s != nil {
+		for _, p := range s.fetches {
+			if p.start <= off && off < p.end {
+				done = p.done
+			}
+		}
+	}
+	ra.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// readDone records a read of n bytes at off and, if it continues the
+// file's last read, fetches ahead of it: up to readAheadWindow, within the
+// file's size as cached, while this client holds a data lock on it (else
+// the replies could not be cached).
+func (c *Client) readDone(ino ids.Ino, off uint64, n int) {
+	var size uint64
+	ok := c.cached(func(ch *cache.Cache) bool {
+		mode, _ := ch.Mode(ino)
+		a, known := ch.Attr(ino)
+		if known {
+			size = a.Size
+		}
+		return mode != wire.LockNone && known && c.cfg.CacheBytes > 0
+	})
+	ra := &c.ra
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	if ra.files == nil {
+		ra.files = map[ids.Ino]*readStream{}
+		ra.slots = make(chan struct{}, readAheadSlots)
+	}
+	s := ra.files[ino]
+	if s == nil {
+		if len(ra.files) >= readAheadFiles {
+			for i, old := range ra.files {
+				if len(old.fetches) == 0 {
+					delete(ra.files, i)
+				}
+			}
+		}
+		s = &readStream{}
+		ra.files[ino] = s
+	}
+	sequential := off == s.next
+	s.next = off + uint64(n)
+	if !sequential || !ok {
+		s.ahead = 0
+		return
+	}
+	from := (max(s.ahead, s.next) + cache.PageSize - 1) &^ (cache.PageSize - 1)
+	limit := min(s.next+readAheadWindow, size)
+	// whole chunks only (but the file's last): a reader's small reads
+	// would otherwise each send a request as small
+	for from < limit && (limit-from >= readAheadChunk || limit == size) {
+		select {
+		case ra.slots <- struct{}{}:
+		default:
+			s.ahead = from
+			return
+		}
+		p := &prefetch{start: from, end: min(from+readAheadChunk, limit), done: make(chan struct{})}
+		s.fetches = append(s.fetches, p)
+		c.Counters.Prefetches.Add(1)
+		go c.fetchAhead(ino, p)
+		from = p.end
+	}
+	s.ahead = max(s.ahead, from)
+}
+
+// fetchAhead reads [p.start, p.end) of ino into the cache. Nothing is
+// fetched while the file has buffered writes (the server's data lacks
+// them); a write buffered after the generation was taken makes the reply
+// uncacheable (cache.PutData).
+func (c *Client) fetchAhead(ino ids.Ino, p *prefetch) {
+	defer func() {
+		ra := &c.ra
+		ra.mu.Lock()
+		if s := ra.files[ino]; s != nil {
+			for i, q := range s.fetches {
+				if q == p {
+					s.fetches = append(s.fetches[:i], s.fetches[i+1:]...)
+					break
+				}
+			}
+		}
+		ra.mu.Unlock()
+		close(p.done)
+		<-ra.slots
+	}()
+	var gen uint64
+	c.withCache(func(ch *cache.Cache) { gen = ch.DataGen() })
+	if f := c.wb.file(ino, false); f != nil && f.size() > 0 {
+		return
+	}
+	_, _ = c.call(context.Background(), &wire.Request{Op: wire.OpRead, Ino: ino, Off: p.start, Size: p.end - p.start},
+		func(ch *cache.Cache, rep *wire.Reply) {
+			if rep.Code != wire.CodeOK || rep.Attr == nil {
+				return
+			}
+			ch.PutData(ino, p.start, rep.Data, uint64(len(rep.Data)) < p.end-p.start, rep.Attr.Version, gen)
+		})
+}
