@@ -103,8 +103,8 @@ func BenchmarkPerfCluster(b *testing.B) {
 			one.Round(time.Microsecond), three.Round(time.Microsecond), lo.Round(time.Microsecond),
 			one.Seconds()/three.Seconds(), lo.Seconds()/one.Seconds(), lo.Seconds()/three.Seconds())
 	}
-	fmt.Fprintf(&out, "%s%s\n%s%s\n", atRest, rssLine("after suite", s, m), clusterRSSLines("after suite", c, cm),
-		disruptions(cm))
+	fmt.Fprintf(&out, "%s%s\n%s%s\n%s\n", atRest, rssLine("after suite", s, m), clusterRSSLines("after suite", c, cm),
+		disruptions(cm), lapses(c))
 	fmt.Print(out.String())
 }
 
@@ -117,6 +117,17 @@ func disruptions(m *mount) string {
 		strings.Count(log, "DATA LOST"))
 }
 
+// lapses counts, per server, the inode ownerships that lapsed instead of
+// being renewed or released: each costs the next request for the inode a
+// recovery, and maybe a grace.
+func lapses(c *testCluster) string {
+	var out []string
+	for _, s := range c.servers {
+		out = append(out, fmt.Sprintf("server %d: %d", s.id, strings.Count(s.output(), "cluster: ownership lapsed")))
+	}
+	return "ownerships lapsed: " + strings.Join(out, ", ")
+}
+
 // TestClusterPerfSmoke runs every workload of the suite at the tiny size,
 // with the data checks, on a mount of a three-server cluster: real tools
 // (tar, diff, rm -rf, appends) through ownership and replication.
@@ -124,5 +135,5 @@ func TestClusterPerfSmoke(t *testing.T) {
 	c := startPerfCluster(t, 3)
 	m := mountPerfCluster(t, c)
 	runPerfSmoke(t, m.dir)
-	t.Log("\n" + clusterRSSLines("after smoke", c, m) + disruptions(m))
+	t.Log("\n" + clusterRSSLines("after smoke", c, m) + disruptions(m) + "\n" + lapses(c))
 }
