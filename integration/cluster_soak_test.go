@@ -161,18 +161,30 @@ func TestClusterSoak(t *testing.T) {
 		t.Fatal(*msg)
 	}
 	var total int
-	var worst time.Duration
+	worst := logs[0]
 	for _, l := range logs {
 		total += l.count()
-		worst = max(worst, l.stall)
+		if l.stall > worst.stall {
+			worst = l
+		}
 	}
+	start := end.Add(-duration)
+	stallEnd := worst.stallEnd.Sub(start)
 	var renames int
 	for _, ns := range spaces {
 		renames += len(ns.committed)
 	}
-	t.Logf("%d records fsynced, %d files renamed into place, %d cross-mount reads checked; longest stall of a writer %v",
-		total, renames, reads.Load(), worst)
+	t.Logf("%d records fsynced, %d files renamed into place, %d cross-mount reads checked; longest stall of a writer %v (%s, from %v to %v)",
+		total, renames, reads.Load(), worst.stall, worst.name, (stallEnd - worst.stall).Round(100*time.Millisecond),
+		stallEnd.Round(100*time.Millisecond))
 
+	if v := os.Getenv("LEASEFS_SOAK_MAX_STALL"); v != "" {
+		if bound, err := time.ParseDuration(v); err != nil {
+			t.Errorf("LEASEFS_SOAK_MAX_STALL: %v", err)
+		} else if worst.stall > bound {
+			t.Errorf("a writer stalled %v, more than LEASEFS_SOAK_MAX_STALL=%v", worst.stall, bound)
+		}
+	}
 	c.converged(t, 60*time.Second)
 	views := map[string]string{"mount A": mounts[0].dir, "mount B": mounts[1].dir}
 	for i := range c.servers {
@@ -193,7 +205,8 @@ type soakLog struct {
 	name  string
 	mu    sync.Mutex
 	acked int
-	stall time.Duration // longest gap between two fsyncs that returned
+	stall    time.Duration // longest gap between two fsyncs that returned
+	stallEnd time.Time     // when it ended
 }
 
 func (l *soakLog) count() int {
@@ -227,7 +240,9 @@ func (l *soakLog) run(path string, stop chan struct{}, fail func(string, ...any)
 		now := time.Now()
 		l.mu.Lock()
 		l.acked = i + 1
-		l.stall = max(l.stall, now.Sub(last))
+		if now.Sub(last) > l.stall {
+			l.stall, l.stallEnd = now.Sub(last), now
+		}
 		l.mu.Unlock()
 		last = now
 	}

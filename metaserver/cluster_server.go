@@ -110,7 +110,7 @@ type clusterState struct {
 	acquireFor time.Duration // how long own keeps trying
 	acquireTry time.Duration // how long one PaxosLease acquire may take
 
-	ownMu [64]sync.Mutex // serialises acquire+recover of one inode (striped)
+	owning inoMutexes // serialises acquire+recover of one inode, and its hand-over
 
 	mu        sync.Mutex
 	recovered map[ids.Ino]ids.Epoch // inodes recovered under the epoch we own them by
@@ -351,9 +351,7 @@ func (c *clusterState) own(ctx context.Context, ino ids.Ino) error {
 		n.Touch(ino)
 		return nil
 	}
-	mu := &c.ownMu[ino%ids.Ino(len(c.ownMu))]
-	mu.Lock()
-	defer mu.Unlock()
+	defer c.owning.lock(ino)()
 	deadline := time.Now().Add(c.acquireFor)
 	octx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -456,11 +454,9 @@ func (c *clusterState) handleHandover(ctx context.Context, from ids.ServerID, bo
 		return []byte{stNotOwner}
 	}
 	start := time.Now()
-	// Hold the inode's acquire stripe: a local request recovering it
+	// Hold the inode's acquire lock: a local request recovering it
 	// meanwhile would otherwise race our release.
-	mu := &c.ownMu[ino%ids.Ino(len(c.ownMu))]
-	mu.Lock()
-	defer mu.Unlock()
+	defer c.owning.lock(ino)()
 	pseudo := cluster.PeerClientID(from)
 	hctx, cancel := context.WithTimeout(ctx, c.acquireFor)
 	defer cancel()
@@ -486,6 +482,45 @@ func (c *clusterState) handleHandover(ctx context.Context, from ids.ServerID, bo
 	}
 	c.log.Debug("handed inode over", "ino", ino, "to", from, "took", time.Since(start))
 	return []byte{stOK}
+}
+
+// inoMutexes is a mutex per inode, made on demand. Not striped: a server
+// waiting in own for a peer to hand over inode A holds A's mutex, and the
+// peer may at the same moment wait for this server to hand over B; with
+// A and B on one stripe (inode numbers of different servers differ only
+// in their high bits) neither hand-over could start until both gave up.
+type inoMutexes struct {
+	mu sync.Mutex
+	m  map[ids.Ino]*inoMutex
+}
+
+type inoMutex struct {
+	sync.Mutex
+	users int // holders and waiters
+}
+
+// lock locks ino's mutex and returns its unlock.
+func (l *inoMutexes) lock(ino ids.Ino) func() {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[ids.Ino]*inoMutex{}
+	}
+	m := l.m[ino]
+	if m == nil {
+		m = &inoMutex{}
+		l.m[ino] = m
+	}
+	m.users++
+	l.mu.Unlock()
+	m.Lock()
+	return func() {
+		m.Unlock()
+		l.mu.Lock()
+		if m.users--; m.users == 0 {
+			delete(l.m, ino)
+		}
+		l.mu.Unlock()
+	}
 }
 
 // peerResult is one peer's answer in a fan-out.

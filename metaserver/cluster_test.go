@@ -254,6 +254,58 @@ func TestClusterHandover(t *testing.T) {
 	}
 }
 
+// TestClusterCrossedHandovers: server 1 wants the root while server 2
+// owns it, and at the same moment server 2 wants a file server 1 owns;
+// each must hand its inode over while waiting for the other's. The file
+// is server 1's first inode, 2^56+1, which a mutex striped by inode
+// number modulo a power of two put on the root's stripe: each hand-over
+// then waited for the other side's acquire to give up (acquireFor).
+func TestClusterCrossedHandovers(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c1, c2 := tc.connect(1), tc.connect(2)
+	f, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Ino%64 != ids.RootIno%64 {
+		t.Fatalf("server 1's first inode is %v: this test wants one equal to the root modulo 64", f.Ino)
+	}
+	bound := tc.srv[1].cl.acquireFor
+	var slowest time.Duration
+	for i := range 20 {
+		writeSync(ctx, t, c1, f.Ino, 0, []byte{byte(i)})                                              // 1 owns f
+		if _, err := c2.Create(ctx, ids.RootIno, fmt.Sprint("g", i), 0o100644, 0, 0, 0); err != nil { // 2 owns the root
+			t.Fatal(err)
+		}
+		start := time.Now()
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		wg.Add(2)
+		go func() { // 1 wants the root
+			defer wg.Done()
+			_, errs[0] = c1.Lookup(ctx, ids.RootIno, fmt.Sprint("g", i))
+		}()
+		go func() { // 2 wants f
+			defer wg.Done()
+			if errs[1] = c2.Write(ctx, f.Ino, 1, []byte{byte(i)}, false); errs[1] == nil {
+				errs[1] = c2.Fsync(ctx, f.Ino)
+			}
+		}()
+		wg.Wait()
+		took := time.Since(start)
+		slowest = max(slowest, took)
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("round %d: lookup through 1: %v; write through 2: %v", i, errs[0], errs[1])
+		}
+		if took >= bound {
+			t.Fatalf("round %d: crossed hand-overs took %v, at least the %v an acquire waits before it gives up", i, took, bound)
+		}
+	}
+	t.Logf("20 rounds of crossed hand-overs; slowest %v (an acquire gives up after %v)", slowest, bound)
+}
+
 // TestClusterFailover: a client writes and fsyncs in a loop through server
 // 1; server 1 is killed; the client fails over and goes on; every write
 // whose fsync returned is there afterwards, read through another server.
