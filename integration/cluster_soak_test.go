@@ -202,9 +202,9 @@ func TestClusterSoak(t *testing.T) {
 
 // soakLog appends fsynced records to one file.
 type soakLog struct {
-	name  string
-	mu    sync.Mutex
-	acked int
+	name     string
+	mu       sync.Mutex
+	acked    int
 	stall    time.Duration // longest gap between two fsyncs that returned
 	stallEnd time.Time     // when it ended
 }
