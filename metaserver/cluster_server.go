@@ -76,6 +76,7 @@ type ClusterStats struct {
 	HandoversGiven int64 `json:"handovers_given"` // inodes it handed over
 	HandoverMaxMs  int64 `json:"handover_max_ms"` // longest hand-over served here
 	Replicated     int64 `json:"replicated"`      // changes acknowledged by a majority
+	ReplCalls      int64 `json:"repl_calls"`      // calls that carried changes to a replica (several per call when busy)
 	ReplFailed     int64 `json:"repl_failed"`     // changes that did not reach a majority
 	StatePushes    int64 `json:"state_pushes"`    // inode states sent to lagging replicas
 	StaleRejected  int64 `json:"stale_rejected"`  // our changes a replica fenced off
@@ -87,7 +88,7 @@ type ClusterStats struct {
 type clusterStats struct {
 	recoveries, graces, handoversAsked, handoversGiven, handoverMaxMs atomic.Int64
 	replicated, replFailed, statePushes, staleRejected, lostWithLocks atomic.Int64
-	antiEntropy, caughtUp                                             atomic.Int64
+	antiEntropy, caughtUp, replCalls                                  atomic.Int64
 }
 
 type peerHealth struct {
@@ -146,7 +147,9 @@ func newClusterState(s *Server) *clusterState {
 		if id != c.self {
 			c.others = append(c.others, id)
 			c.health[id] = &peerHealth{}
-			c.lanes[id] = newPeerLane()
+			c.lanes[id] = newPeerLane(func(ctx context.Context, body []byte) (bool, error) {
+				return c.applyAt(ctx, c.node.Load(), id, body)
+			})
 		}
 	}
 	slices.Sort(c.others)
@@ -783,7 +786,8 @@ func (c *clusterState) replicate(writes []Write) error {
 	}
 	n := c.node.Load()
 	body := encodeChanges(changes)
-	ctx, cancel := context.WithTimeout(context.Background(), c.callWait)
+	deadline := time.Now().Add(c.callWait)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	up := 0
 	for _, p := range c.others {
 		if !c.down(p) {
@@ -798,9 +802,15 @@ func (c *clusterState) replicate(writes []Write) error {
 			continue
 		}
 		sent++
-		lane := c.lanes[p]
-		ticket := lane.take()
-		go func() { ch <- lane.inTurn(ticket, func() error { return c.applyAt(ctx, n, p, body) }) }()
+		done := c.lanes[p].send(changes, body, deadline)
+		go func() {
+			select {
+			case err := <-done:
+				ch <- err
+			case <-ctx.Done():
+				ch <- ctx.Err()
+			}
+		}()
 	}
 	acks := 1 // this replica: the store commits and syncs after us
 	var firstErr error
@@ -844,41 +854,110 @@ func (c *clusterState) replicate(writes []Write) error {
 // replicate returns once a majority has a change, so the next change of
 // the same inode may start while a slower peer still receives the last;
 // out of order, that peer would find a version gap and need the whole
-// inode pushed.
+// inode pushed. One call is in flight per lane; the changes queued
+// meanwhile go together in the next call, applied by the peer in one
+// transaction and one sync (group commit): a lane that sent one change
+// per round trip held a server's concurrent clients to one change per
+// round trip.
 type peerLane struct {
-	mu           sync.Mutex
-	turn         sync.Cond
-	next, served uint64
+	apply   func(ctx context.Context, body []byte) (answered bool, err error)
+	mu      sync.Mutex
+	queue   []*laneItem
+	sending bool
 }
 
-func newPeerLane() *peerLane {
-	l := &peerLane{}
-	l.turn.L = &l.mu
-	return l
+// laneItem is one replicate call's changes for the lane, and where its
+// result goes.
+type laneItem struct {
+	changes  []ReplicaChange
+	body     []byte // encodeChanges(changes)
+	deadline time.Time
+	done     chan error
 }
 
-// take reserves the next place in the lane.
-func (l *peerLane) take() uint64 {
+const (
+	laneBatchBytes = 2 << 20 // encoded changes per call (one item may exceed it)
+	laneBatchMax   = 256     // replicate calls per call
+)
+
+func newPeerLane(apply func(ctx context.Context, body []byte) (bool, error)) *peerLane {
+	return &peerLane{apply: apply}
+}
+
+// send queues changes behind every earlier change and returns the channel
+// their result comes on (buffered: nobody need wait for it).
+func (l *peerLane) send(changes []ReplicaChange, body []byte, deadline time.Time) <-chan error {
+	it := &laneItem{changes: changes, body: body, deadline: deadline, done: make(chan error, 1)}
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.next++
-	return l.next - 1
-}
-
-// inTurn runs send when every earlier place is done (each is bounded by
-// its call timeout), then frees the place.
-func (l *peerLane) inTurn(ticket uint64, send func() error) error {
-	l.mu.Lock()
-	for l.served != ticket {
-		l.turn.Wait()
+	l.queue = append(l.queue, it)
+	start := !l.sending
+	l.sending = true
+	l.mu.Unlock()
+	if start {
+		go l.drain()
 	}
-	l.mu.Unlock()
-	err := send()
-	l.mu.Lock()
-	l.served++
-	l.turn.Broadcast()
-	l.mu.Unlock()
-	return err
+	return it.done
+}
+
+// drain sends the queue, a batch per call, until it is empty.
+func (l *peerLane) drain() {
+	for {
+		l.mu.Lock()
+		if len(l.queue) == 0 {
+			l.sending = false
+			l.mu.Unlock()
+			return
+		}
+		n, size := 0, 0
+		for n < len(l.queue) && n < laneBatchMax && (n == 0 || size+len(l.queue[n].body) <= laneBatchBytes) {
+			size += len(l.queue[n].body)
+			n++
+		}
+		batch := slices.Clone(l.queue[:n])
+		l.queue = slices.Delete(l.queue, 0, n)
+		l.mu.Unlock()
+		l.sendBatch(batch)
+	}
+}
+
+func (l *peerLane) sendBatch(batch []*laneItem) {
+	deadline := batch[0].deadline
+	for _, it := range batch {
+		deadline = later(deadline, it.deadline)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	if len(batch) == 1 {
+		_, err := l.apply(ctx, batch[0].body)
+		batch[0].done <- err
+		return
+	}
+	var all []ReplicaChange
+	for _, it := range batch {
+		all = append(all, it.changes...)
+	}
+	answered, err := l.apply(ctx, encodeChanges(all))
+	if err == nil || !answered {
+		for _, it := range batch {
+			it.done <- err
+		}
+		return
+	}
+	// The peer refused the batch as a whole (a newer epoch of one of its
+	// inodes): each change gets its own answer.
+	for _, it := range batch {
+		ictx, icancel := context.WithDeadline(context.Background(), later(it.deadline, time.Now().Add(time.Second)))
+		_, err := l.apply(ictx, it.body)
+		icancel()
+		it.done <- err
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // uncommitted is the store's Uncommitted: the change reached a majority
@@ -905,16 +984,18 @@ func (c *clusterState) markUnsure(changes []ReplicaChange) {
 
 // applyAt sends changes to p; a replica that lacks the inode's previous
 // state gets the whole state first.
-func (c *clusterState) applyAt(ctx context.Context, n *cluster.Node, p ids.ServerID, body []byte) error {
+func (c *clusterState) applyAt(ctx context.Context, n *cluster.Node, p ids.ServerID, body []byte) (answered bool, _ error) {
 	for try := 0; ; try++ {
+		c.stats.replCalls.Add(1)
 		rep, err := c.call(ctx, n, p, callApply, body)
 		if err != nil {
-			return err
+			return answered, err
 		}
+		answered = true
 		_, err = replyErr(rep)
 		var gap *VersionGapError
 		if !errors.As(err, &gap) || try == 3 {
-			return err
+			return answered, err
 		}
 		// The push may outlive the change's deadline (ctx): a big inode
 		// takes many calls, each with its own timeout. close waits for it
@@ -924,14 +1005,14 @@ func (c *clusterState) applyAt(ctx context.Context, n *cluster.Node, p ids.Serve
 		select {
 		case <-c.stop:
 			c.wg.Done()
-			return errUnavailable("server closing")
+			return answered, errUnavailable("server closing")
 		default:
 		}
 		c.stats.statePushes.Add(1)
 		err = c.replaceAt(context.WithoutCancel(ctx), n, p, gap.Ino, 0)
 		c.wg.Done()
 		if err != nil {
-			return err
+			return answered, err
 		}
 	}
 }
@@ -1221,7 +1302,8 @@ func (c *clusterState) Stats() ClusterStats {
 		HandoversAsked: s.handoversAsked.Load(), HandoversGiven: s.handoversGiven.Load(),
 		HandoverMaxMs: s.handoverMaxMs.Load(), Replicated: s.replicated.Load(), ReplFailed: s.replFailed.Load(),
 		StatePushes: s.statePushes.Load(), StaleRejected: s.staleRejected.Load(),
-		LostWithLocks: s.lostWithLocks.Load(), AntiEntropy: s.antiEntropy.Load(), CaughtUp: s.caughtUp.Load()}
+		LostWithLocks: s.lostWithLocks.Load(), AntiEntropy: s.antiEntropy.Load(), CaughtUp: s.caughtUp.Load(),
+		ReplCalls: s.replCalls.Load()}
 }
 
 // peerStatus reports the other servers and whether their last call

@@ -306,6 +306,61 @@ func TestClusterCrossedHandovers(t *testing.T) {
 	t.Logf("20 rounds of crossed hand-overs; slowest %v (an acquire gives up after %v)", slowest, bound)
 }
 
+// TestClusterGroupCommit: changes a server makes concurrently go to each
+// replica together, a batch per call, and every one of them arrives.
+func TestClusterGroupCommit(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const workers, files = 16, 20
+	clients := make([]*client.Client, workers)
+	dirs := make([]ids.Ino, workers)
+	for w := range workers {
+		clients[w] = tc.connect(1)
+		d, err := clients[w].Mkdir(ctx, ids.RootIno, fmt.Sprint("d", w), 0o755, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dirs[w] = d.Ino
+	}
+	before := tc.srv[1].cl.Stats()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range files {
+				if _, err := clients[w].Create(ctx, dirs[w], fmt.Sprint("f", i), 0o100644, 0, 0, 0); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	after := tc.srv[1].cl.Stats()
+	changes, calls := after.Replicated-before.Replicated, after.ReplCalls-before.ReplCalls
+	t.Logf("%d concurrent creates: %d changes replicated in %d calls to the 2 replicas", workers*files, changes, calls)
+	if changes < workers*files {
+		t.Fatalf("%d changes replicated for %d creates", changes, workers*files)
+	}
+	if calls >= 2*workers*files {
+		t.Fatalf("%d calls to 2 replicas for %d creates: none batched", calls, workers*files)
+	}
+	tc.converge(10 * time.Second)
+	for w := range workers {
+		ents, err := tc.srv[3].store.ReadDir(dirs[w], 0, 100)
+		if err != nil || len(ents) != files {
+			t.Fatalf("server 3's replica of d%d: %d entries, %v", w, len(ents), err)
+		}
+	}
+}
+
 // TestClusterFailover: a client writes and fsyncs in a loop through server
 // 1; server 1 is killed; the client fails over and goes on; every write
 // whose fsync returned is there afterwards, read through another server.
