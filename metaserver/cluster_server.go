@@ -77,6 +77,7 @@ type ClusterStats struct {
 	HandoverMaxMs  int64 `json:"handover_max_ms"` // longest hand-over served here
 	Replicated     int64 `json:"replicated"`      // changes acknowledged by a majority
 	ReplCalls      int64 `json:"repl_calls"`      // calls that carried changes to a replica (several per call when busy)
+	AllocAhead     int64 `json:"alloc_ahead"`     // new inodes this server owned before it allocated them
 	ReplFailed     int64 `json:"repl_failed"`     // changes that did not reach a majority
 	StatePushes    int64 `json:"state_pushes"`    // inode states sent to lagging replicas
 	StaleRejected  int64 `json:"stale_rejected"`  // our changes a replica fenced off
@@ -88,7 +89,7 @@ type ClusterStats struct {
 type clusterStats struct {
 	recoveries, graces, handoversAsked, handoversGiven, handoverMaxMs atomic.Int64
 	replicated, replFailed, statePushes, staleRejected, lostWithLocks atomic.Int64
-	antiEntropy, caughtUp, replCalls                                  atomic.Int64
+	antiEntropy, caughtUp, replCalls, allocAhead                      atomic.Int64
 }
 
 type peerHealth struct {
@@ -111,7 +112,9 @@ type clusterState struct {
 	acquireFor time.Duration // how long own keeps trying
 	acquireTry time.Duration // how long one PaxosLease acquire may take
 
-	owning inoMutexes // serialises acquire+recover of one inode, and its hand-over
+	owning    inoMutexes // serialises acquire+recover of one inode, and its hand-over
+	aheadTo   ids.Ino    // inode numbers below it are acquired ahead (under mu)
+	allocated ids.Ino    // the greatest inode number allocated (under mu)
 
 	mu        sync.Mutex
 	recovered map[ids.Ino]ids.Epoch // inodes recovered under the epoch we own them by
@@ -262,11 +265,26 @@ func (c *clusterState) ownerEpoch(ino ids.Ino) (ids.Epoch, error) {
 
 // onAlloc acquires a new inode for the server that creates it: nobody
 // else can know the number (server id in its high bits, never reused), so
-// there is nothing to recover and no grace.
+// there is nothing to recover and no grace. Usually it is held already:
+// the next numbers are acquired ahead (acquireAhead).
 func (c *clusterState) onAlloc(ino ids.Ino) error {
 	n := c.node.Load()
 	if n == nil {
 		return errUnavailable("server starting")
+	}
+	defer c.acquireAhead(n, ino)
+	c.mu.Lock()
+	c.allocated = max(c.allocated, ino)
+	c.mu.Unlock()
+	// acquired ahead or not, no pin of ino's is left after this
+	// (acquireAhead pins only numbers not yet allocated)
+	defer n.Unpin(ino)
+	if ep, ok := n.Owns(ino); ok {
+		c.stats.allocAhead.Add(1)
+		c.mu.Lock()
+		c.recovered[ino] = ep
+		c.mu.Unlock()
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.acquireFor)
 	defer cancel()
@@ -282,6 +300,36 @@ func (c *clusterState) onAlloc(ino ids.Ino) error {
 	c.recovered[ino] = ep
 	c.mu.Unlock()
 	return nil
+}
+
+// inosAhead is how many of the inode numbers it will allocate next a
+// server owns beforehand: a create then waits for no PaxosLease round of
+// its own, only for the replication of the change.
+const inosAhead = 32
+
+// acquireAhead acquires, in the background, the inode numbers after ino
+// (the store allocates them in sequence; nobody else can know them) and
+// pins them until they are allocated.
+func (c *clusterState) acquireAhead(n *cluster.Node, ino ids.Ino) {
+	c.mu.Lock()
+	from, to := max(ino+1, c.aheadTo), ino+1+inosAhead
+	if from < to {
+		c.aheadTo = to
+	}
+	c.mu.Unlock()
+	for next := from; next < to; next++ {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), c.acquireFor)
+			defer cancel()
+			if _, err := n.Acquire(ctx, next); err == nil {
+				c.mu.Lock()
+				if next > c.allocated {
+					n.Pin(next)
+				}
+				c.mu.Unlock()
+			}
+		}()
+	}
 }
 
 func (c *clusterState) acquireErr(ino ids.Ino, err error) error {
@@ -1303,7 +1351,7 @@ func (c *clusterState) Stats() ClusterStats {
 		HandoverMaxMs: s.handoverMaxMs.Load(), Replicated: s.replicated.Load(), ReplFailed: s.replFailed.Load(),
 		StatePushes: s.statePushes.Load(), StaleRejected: s.staleRejected.Load(),
 		LostWithLocks: s.lostWithLocks.Load(), AntiEntropy: s.antiEntropy.Load(), CaughtUp: s.caughtUp.Load(),
-		ReplCalls: s.replCalls.Load()}
+		ReplCalls: s.replCalls.Load(), AllocAhead: s.allocAhead.Load()}
 }
 
 // peerStatus reports the other servers and whether their last call

@@ -361,6 +361,38 @@ func TestClusterGroupCommit(t *testing.T) {
 	}
 }
 
+// TestClusterCreateAhead: a server owns the inode numbers it will
+// allocate next before it allocates them, so that a create waits for no
+// PaxosLease round; the new files are served and replicated as usual.
+func TestClusterCreateAhead(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := tc.connect(1)
+	const files = 100
+	before := tc.srv[1].cl.Stats()
+	var inos []ids.Ino
+	for i := range files {
+		a, err := c.Create(ctx, ids.RootIno, fmt.Sprint("f", i), 0o100644, 0, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeSync(ctx, t, c, a.Ino, 0, []byte(fmt.Sprint("file ", i)))
+		inos = append(inos, a.Ino)
+	}
+	ahead := tc.srv[1].cl.Stats().AllocAhead - before.AllocAhead
+	t.Logf("%d of %d new inodes were owned before they were allocated", ahead, files)
+	if ahead < files/2 {
+		t.Fatalf("only %d of %d new inodes were owned ahead", ahead, files)
+	}
+	tc.converge(10 * time.Second)
+	for i, ino := range inos {
+		if got := must[[]byte](t)(tc.srv[2].store.Read(ino, 0, 100)); string(got) != fmt.Sprint("file ", i) {
+			t.Fatalf("server 2's replica of f%d: %q", i, got)
+		}
+	}
+}
+
 // TestClusterFailover: a client writes and fsyncs in a loop through server
 // 1; server 1 is killed; the client fails over and goes on; every write
 // whose fsync returned is there afterwards, read through another server.
