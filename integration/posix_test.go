@@ -17,7 +17,17 @@ var posixSkips = map[string]string{
 
 func TestPosix(t *testing.T) {
 	s := startServer(t)
-	m := startMount(t, s)
+	runPosix(t, startMount(t, s).dir)
+}
+
+// TestPosixCluster runs the suite on a mount of a three-server cluster:
+// every change goes through ownership and replication.
+func TestPosixCluster(t *testing.T) {
+	c := startCluster(t, 3, clusterTimings()...)
+	runPosix(t, c.mount(t, []int{0, 1, 2}).dir)
+}
+
+func runPosix(t *testing.T, root string) {
 	names := make([]string, 0, len(posixtest.All))
 	for name := range posixtest.All {
 		names = append(names, name)
@@ -28,7 +38,7 @@ func TestPosix(t *testing.T) {
 			if why, ok := posixSkips[name]; ok {
 				t.Skip(why)
 			}
-			dir := filepath.Join(m.dir, name)
+			dir := filepath.Join(root, name)
 			must(t, os.Mkdir(dir, 0o755))
 			posixtest.All[name](t, dir)
 		})
