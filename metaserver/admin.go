@@ -511,7 +511,13 @@ func (s *Server) AdminOwners() []OwnerInfo {
 			return out
 		}
 		now := time.Now()
+		s.cl.mu.Lock()
+		allocated, aheadTo := s.cl.allocated, s.cl.aheadTo
+		s.cl.mu.Unlock()
 		for _, o := range n.Owned() {
+			if allocated < o.Ino && o.Ino < aheadTo {
+				continue // acquired ahead of its allocation: no inode yet
+			}
 			out = append(out, OwnerInfo{Ino: o.Ino, Owner: s.cfg.ServerID, Epoch: o.Epoch, Expiry: now.Add(o.Left),
 				Held: o.Held.Round(time.Millisecond), Idle: o.Idle.Round(time.Millisecond)})
 		}

@@ -380,6 +380,11 @@ func TestClusterCreateAhead(t *testing.T) {
 		writeSync(ctx, t, c, a.Ino, 0, []byte(fmt.Sprint("file ", i)))
 		inos = append(inos, a.Ino)
 	}
+	for _, o := range tc.srv[1].AdminOwners() {
+		if o.Ino > inos[len(inos)-1] {
+			t.Fatalf("admin owners lists %v, acquired ahead but not allocated yet", o.Ino)
+		}
+	}
 	ahead := tc.srv[1].cl.Stats().AllocAhead - before.AllocAhead
 	t.Logf("%d of %d new inodes were owned before they were allocated", ahead, files)
 	if ahead < files/2 {
