@@ -30,8 +30,14 @@ const lockFreeWait = 200 * time.Millisecond
 // whether its clients may still trust locks on it.
 func (c *clusterState) previousOwnerReleased(ctx context.Context, n *cluster.Node, ino ids.Ino, prev ids.Epoch) bool {
 	owner := paxos.BallotServer(prev)
-	if owner == c.self || prev == 0 {
+	if prev == 0 {
 		return false
+	}
+	if owner == c.self {
+		// this server in an earlier run (the same run's ownership needs
+		// no grace at all, see recover): its clients' leases ran out
+		// τ(1+δ) after it died
+		return c.restartedSince(n, prev)
 	}
 	ctx, cancel := context.WithTimeout(ctx, lockFreeWait)
 	defer cancel()
@@ -59,7 +65,7 @@ func (c *clusterState) handleLockFree(_ context.Context, _ ids.ServerID, body []
 	n := c.node.Load()
 	free := false
 	if paxos.BallotBoot(epoch) != n.Boot() {
-		free = time.Since(c.s.start) > c.graceTime
+		free = c.restartedSince(n, epoch)
 	} else if _, owns := n.Owns(ino); !owns {
 		m := c.s.lm
 		m.mu.Lock()
@@ -70,4 +76,11 @@ func (c *clusterState) handleLockFree(_ context.Context, _ ids.ServerID, body []
 		return []byte{stOK, 1}
 	}
 	return []byte{stOK, 0}
+}
+
+// restartedSince reports whether this server restarted after it owned an
+// inode at epoch, more than τ(1+δ) ago: every lease its clients had from
+// the earlier run has run out.
+func (c *clusterState) restartedSince(n *cluster.Node, epoch ids.Epoch) bool {
+	return paxos.BallotBoot(epoch) != n.Boot() && time.Since(c.s.start) > c.graceTime
 }

@@ -398,6 +398,45 @@ func TestClusterCreateAhead(t *testing.T) {
 	}
 }
 
+// TestClusterRestartNoGrace: a server that restarted more than τ(1+δ)
+// ago serves the inodes it owned before it died without a grace: every
+// lease its clients had then has run out. (It used to wait out a grace on
+// each of them, since the last owner it could not ask was itself.)
+func TestClusterRestartNoGrace(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := tc.connectUnmanaged(1)
+	const files = 5
+	var inos []ids.Ino
+	for i := range files {
+		a, err := c.Create(ctx, ids.RootIno, fmt.Sprint("f", i), 0o100644, 0, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeSync(ctx, t, c, a.Ino, 0, []byte(fmt.Sprint("file ", i)))
+		inos = append(inos, a.Ino)
+	}
+	c.Close()
+	tc.killQuiet(1)
+	tc.start(1)
+	// its quarantine, and its clients' leases from before
+	time.Sleep(max(testLease, testClientLease) * 11 / 10)
+	c = tc.connect(1)
+	for i, ino := range inos {
+		untilAvailable(t, "read", func() error {
+			got, err := c.Read(ctx, ino, 0, 100)
+			if err == nil && string(got) != fmt.Sprint("file ", i) {
+				t.Fatalf("f%d: %q", i, got)
+			}
+			return err
+		})
+	}
+	if st := tc.srv[1].cl.Stats(); st.Recoveries == 0 || st.GracesStarted != 0 {
+		t.Fatalf("restarted server 1: %+v", st)
+	}
+}
+
 // TestClusterFailover: a client writes and fsyncs in a loop through server
 // 1; server 1 is killed; the client fails over and goes on; every write
 // whose fsync returned is there afterwards, read through another server.
