@@ -73,6 +73,13 @@ func TestClusterSoak(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); ns.run(m.dir, stop, fail) }()
 	}
+	// Both mounts append to one file: its ownership moves between their
+	// servers at every append.
+	shared := &soakShared{name: "shared.log"}
+	for mi, m := range mounts {
+		wg.Add(1)
+		go func() { defer wg.Done(); shared.run(mi, filepath.Join(m.dir, shared.name), stop, fail) }()
+	}
 	// Each mount reads the other mount's logs.
 	var reads atomic.Int64
 	for mi, m := range mounts {
@@ -196,6 +203,79 @@ func TestClusterSoak(t *testing.T) {
 		}
 		for _, ns := range spaces {
 			ns.check(t, view, dir)
+		}
+		shared.check(t, view, filepath.Join(dir, shared.name))
+	}
+	t.Logf("shared log: %v records fsynced by each mount", shared.acked)
+}
+
+// soakShared is one file both mounts append fsynced records to, each
+// record naming its mount and its number.
+type soakShared struct {
+	name  string
+	mu    sync.Mutex
+	acked [2]int
+}
+
+func sharedRecord(mount, i int) string { return fmt.Sprintf("m%d %06d\n", mount, i) }
+
+func (s *soakShared) run(mount int, path string, stop chan struct{}, fail func(string, ...any)) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		fail("%s from mount %d: %v", s.name, mount, err)
+		return
+	}
+	defer f.Close()
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		if _, err := f.WriteString(sharedRecord(mount, i)); err != nil {
+			fail("%s: mount %d's write of record %d: %v", s.name, mount, i, err)
+			return
+		}
+		if err := f.Sync(); err != nil {
+			fail("%s: mount %d's fsync after record %d: %v", s.name, mount, i, err)
+			return
+		}
+		s.mu.Lock()
+		s.acked[mount] = i + 1
+		s.mu.Unlock()
+	}
+}
+
+// check reads the shared log: whole records only, each mount's in order
+// with none missing or repeated, at least as many as it fsynced.
+func (s *soakShared) check(t *testing.T, view, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Errorf("%s: %s: %v", view, s.name, err)
+		return
+	}
+	var next [2]int
+	for n, line := range strings.SplitAfter(string(data), "\n") {
+		if line == "" {
+			continue
+		}
+		var m, i int
+		if _, err := fmt.Sscanf(line, "m%d %06d\n", &m, &i); err != nil || (m != 0 && m != 1) || line != sharedRecord(m, i) {
+			t.Errorf("%s: %s line %d is %q", view, s.name, n, line)
+			return
+		}
+		if i != next[m] {
+			t.Errorf("%s: %s line %d is mount %d's record %d, expected its record %d", view, s.name, n, m, i, next[m])
+			return
+		}
+		next[m]++
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for m := range next {
+		if next[m] < s.acked[m] {
+			t.Errorf("%s: %s holds %d of mount %d's records; %d were fsynced", view, s.name, next[m], m, s.acked[m])
 		}
 	}
 }
