@@ -35,6 +35,9 @@ type entry struct {
 	// must not be served.
 	dataVersion, seenVersion uint64
 	changing                 int // changes of the data in flight (BeginChange)
+	// noXattrs: the inode has no extended attributes (the client created
+	// it under its lock and has set none since).
+	noXattrs bool
 }
 
 // Cache holds what the client may serve without asking the server.
@@ -68,6 +71,7 @@ func New(maxInodes int) *Cache {
 func (c *Cache) setMode(e *entry, m wire.LockMode) {
 	if m == wire.LockNone && e.mode != wire.LockNone {
 		c.dropPages(e)
+		e.noXattrs = false
 	}
 	if (e.mode != wire.LockNone) != (m != wire.LockNone) {
 		if m != wire.LockNone {
@@ -203,6 +207,29 @@ func (c *Cache) Attr(ino ids.Ino) (*wire.Attr, bool) {
 	}
 	c.misses++
 	return nil, false
+}
+
+// SetNoXattrs records, under the lock this reply granted, that ino has
+// no extended attributes (the client just created it).
+func (c *Cache) SetNoXattrs(ino ids.Ino) {
+	if e := c.inodes[ino]; c.mayCache(e, ino) {
+		e.noXattrs = true
+	}
+}
+
+// ClearNoXattrs forgets that ino has no extended attributes (the client
+// is setting one).
+func (c *Cache) ClearNoXattrs(ino ids.Ino) {
+	if e := c.inodes[ino]; e != nil {
+		e.noXattrs = false
+	}
+}
+
+// NoXattrs reports whether ino is known, under a lock, to have no
+// extended attributes.
+func (c *Cache) NoXattrs(ino ids.Ino) bool {
+	e := c.inodes[ino]
+	return e != nil && e.mode != wire.LockNone && e.noXattrs
 }
 
 // InvalidateAttr forgets cached attributes (the client changed them).

@@ -109,6 +109,10 @@ func (c *Client) createCall(ctx context.Context, req *wire.Request) (*wire.Attr,
 	rep, err := c.call(ctx, req, func(ch *cache.Cache, rep *wire.Reply) {
 		if rep.Code == wire.CodeOK && rep.Attr != nil {
 			entryChanged(ch, req.Parent, req.Name, rep.Attr.Ino, rep.Attr2)
+			// new, and ours under X: the kernel asks for
+			// security.capability before each write, and need not
+			// ask the server
+			ch.SetNoXattrs(rep.Attr.Ino)
 			if req.Op == wire.OpMkdir {
 				ch.MarkComplete(rep.Attr.Ino) // empty, and ours under X
 			}
@@ -335,6 +339,9 @@ func (c *Client) StatFs(ctx context.Context) (*wire.StatFs, error) {
 
 // GetXattr returns an extended attribute's value.
 func (c *Client) GetXattr(ctx context.Context, ino ids.Ino, name string) ([]byte, error) {
+	if c.cached(func(ch *cache.Cache) bool { return ch.NoXattrs(ino) }) {
+		return nil, wire.Err(wire.CodeNoData)
+	}
 	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpGetXattr, Ino: ino, Name: name})
 	if err != nil {
 		return nil, err
@@ -344,6 +351,7 @@ func (c *Client) GetXattr(ctx context.Context, ino ids.Ino, name string) ([]byte
 
 // SetXattr sets an extended attribute.
 func (c *Client) SetXattr(ctx context.Context, ino ids.Ino, name string, value []byte, flags uint32) error {
+	c.withCache(func(ch *cache.Cache) { ch.ClearNoXattrs(ino) })
 	defer c.forget(ino)
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpSetXattr, Ino: ino, Name: name, Data: value, Flags: flags})
 	return err
@@ -351,6 +359,9 @@ func (c *Client) SetXattr(ctx context.Context, ino ids.Ino, name string, value [
 
 // ListXattr lists extended attribute names.
 func (c *Client) ListXattr(ctx context.Context, ino ids.Ino) ([]string, error) {
+	if c.cached(func(ch *cache.Cache) bool { return ch.NoXattrs(ino) }) {
+		return nil, nil
+	}
 	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpListXattr, Ino: ino})
 	if err != nil {
 		return nil, err

@@ -351,3 +351,42 @@ func TestReadAheadCoherent(t *testing.T) {
 		t.Fatal("A reads another file than B")
 	}
 }
+
+// TestNewFileXattrs: a mount knows a file it just created has no extended
+// attributes (the kernel asks for security.capability before each write)
+// without asking the server; an attribute it sets, or another mount sets,
+// is seen.
+func TestNewFileXattrs(t *testing.T) {
+	a, b := twoMounts(t)
+	pa, pb := filepath.Join(a.dir, "f"), filepath.Join(b.dir, "f")
+	must(t, os.WriteFile(pa, []byte("x"), 0o644))
+	buf := make([]byte, 64)
+	before := mountStatus(t, a.dir)
+	if _, err := syscall.Getxattr(pa, "user.x", buf); !errors.Is(err, syscall.ENODATA) {
+		t.Fatalf("getxattr of a new file: %v", err)
+	}
+	if n, err := syscall.Listxattr(pa, buf); err != nil || n != 0 {
+		t.Fatalf("listxattr of a new file: %d %v", n, err)
+	}
+	if got := mountStatus(t, a.dir).Requests - before.Requests; got != 0 {
+		t.Fatalf("%d server requests for the xattrs of a file this mount created", got)
+	}
+	must(t, syscall.Setxattr(pa, "user.x", []byte("1"), 0))
+	if n, err := syscall.Getxattr(pa, "user.x", buf); err != nil || string(buf[:n]) != "1" {
+		t.Fatalf("getxattr after setxattr: %q %v", buf[:max(n, 0)], err)
+	}
+	must(t, syscall.Setxattr(pb, "user.y", []byte("2"), 0))
+	if n, err := syscall.Getxattr(pa, "user.y", buf); err != nil || string(buf[:n]) != "2" {
+		t.Fatalf("another mount's xattr: %q %v", buf[:max(n, 0)], err)
+	}
+	// and a new file of A's that B gave an attribute
+	pa2, pb2 := filepath.Join(a.dir, "g"), filepath.Join(b.dir, "g")
+	must(t, os.WriteFile(pa2, nil, 0o644))
+	if _, err := syscall.Getxattr(pa2, "user.z", buf); !errors.Is(err, syscall.ENODATA) {
+		t.Fatalf("getxattr of a new file: %v", err)
+	}
+	must(t, syscall.Setxattr(pb2, "user.z", []byte("3"), 0))
+	if n, err := syscall.Getxattr(pa2, "user.z", buf); err != nil || string(buf[:n]) != "3" {
+		t.Fatalf("another mount's xattr on a new file: %q %v", buf[:max(n, 0)], err)
+	}
+}

@@ -191,7 +191,12 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		// The child too, if the name exists (a create that opens it,
 		// EEXIST, or a resend answered from it): in a cluster it must be
 		// recovered here before it is read.
-		rep := s.withChild(ctx, sess, r.Parent, r.Name, locks.Shared, locks.Exclusive, s.once(sess, r, func() *wire.Reply {
+		replayed := false
+		rep := s.withChild(ctx, sess, r.Parent, r.Name, locks.Shared, locks.Exclusive, func() *wire.Reply {
+			if rep, ok := s.replayed(sess, r); ok {
+				replayed = true
+				return rep
+			}
 			switch r.Op {
 			case wire.OpCreate:
 				a, err := st.Create(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, r.Rdev, now)
@@ -205,10 +210,12 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 				return s.withDirAttr(attrReply(st.Mkdir(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, now)), r.Parent)
 			}
 			return s.withDirAttr(attrReply(st.Symlink(r.Parent, r.Name, r.Target, r.Uid, r.Gid, now)), r.Parent)
-		}))
-		if rep.Attr != nil {
-			// The creator may cache the new inode at once: nobody else
-			// can know it yet, so this never waits.
+		})
+		if rep.Attr != nil && !replayed {
+			// The creator may cache the new inode at once, as new
+			// (no extended attributes): nobody else can know it yet,
+			// so this never waits. Not for a resend answered from the
+			// current state: others may have known it meanwhile.
 			if h, err := s.lm.acquire(ctx, sess.client, rep.Attr.Ino, locks.Exclusive); err == nil {
 				s.lm.done(h)
 				rep.Grants = append(rep.Grants, wire.Grant{Ino: h.grant.Ino, Mode: wire.LockExclusive, Seq: h.grant.Seq})
