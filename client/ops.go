@@ -2,10 +2,10 @@ package client
 
 import (
 	"context"
+	"syscall"
 	"time"
 
 	"github.com/leasefs/leasefs/cache"
-
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -71,6 +71,11 @@ func (c *Client) GetAttr(ctx context.Context, ino ids.Ino) (*wire.Attr, error) {
 	}) {
 		return attr, nil
 	}
+	// what this client buffered first (a lock evicted, a lease lapsed):
+	// the server's attributes lack it
+	if err := c.Flush(ctx, ino); err != nil {
+		return nil, err
+	}
 	return c.attrCall(ctx, &wire.Request{Op: wire.OpGetAttr, Ino: ino})
 }
 
@@ -128,8 +133,14 @@ func (c *Client) createCall(ctx context.Context, req *wire.Request) (*wire.Attr,
 	return rep.Attr, nil
 }
 
-// SetAttr changes attributes; req carries Valid and the values.
+// SetAttr changes attributes; req carries Valid and the values. A change
+// of mode, owner or times is buffered like a write under an X lock.
 func (c *Client) SetAttr(ctx context.Context, req *wire.Request) (*wire.Attr, error) {
+	if req.Valid != 0 && req.Valid&^bufferedAttrs == 0 {
+		if a, ok := c.bufferAttr(req); ok {
+			return a, nil
+		}
+	}
 	if err := c.Flush(ctx, req.Ino); err != nil {
 		return nil, err
 	}
@@ -266,6 +277,13 @@ func (c *Client) ReadDir(ctx context.Context, dir ids.Ino, after uint64, max int
 
 // Open registers an open handle (so an unlinked open file keeps its data).
 func (c *Client) Open(ctx context.Context, ino ids.Ino, flags uint32) (*wire.Attr, error) {
+	if flags&syscall.O_TRUNC != 0 {
+		// what this client buffered came before the truncation
+		if err := c.Flush(ctx, ino); err != nil {
+			return nil, err
+		}
+		defer c.changingData(ino)()
+	}
 	return c.attrCall(ctx, &wire.Request{Op: wire.OpOpen, Ino: ino, Flags: flags})
 }
 

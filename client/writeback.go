@@ -5,8 +5,10 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/leasefs/leasefs/internal/ids"
@@ -37,9 +39,18 @@ type dirtyFile struct {
 	mu      sync.Mutex // held while flushing, so flushes of one file are ordered
 	extents []extent
 	bytes   int
-	since   time.Time
-	base    uint64 // the file's version at the server the writes are based on
+	// attrs is a buffered attribute change (mode, owner, times; never the
+	// size), sent after the writes: tar, cp -p and rsync set three per file.
+	attrs *wire.Request
+	since time.Time
+	base  uint64 // the file's version at the server the writes are based on
 }
+
+// bufferedAttrs are the attribute changes a client may buffer under X.
+const bufferedAttrs = wire.SetMode | wire.SetUid | wire.SetGid | wire.SetAtime | wire.SetMtime | wire.SetCtime
+
+// dirty reports whether f holds anything not yet sent. Called with f.mu.
+func (f *dirtyFile) dirty() bool { return len(f.extents) > 0 || f.attrs != nil }
 
 type writeback struct {
 	mu    sync.Mutex
@@ -151,9 +162,14 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 	if !ok {
 		return false
 	}
-	if len(f.extents) == 0 {
+	if !f.dirty() {
 		f.base = attr.Version
 		f.since = time.Now()
+	}
+	if f.attrs != nil {
+		// the write sets the times when it reaches the server, after a
+		// buffered utimes would: the times the write gives win
+		f.attrs.Valid &^= wire.SetMtime | wire.SetCtime
 	}
 	// Extend the last extent when the write continues it: sequential
 	// writes become one large request.
@@ -172,9 +188,66 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 	return true
 }
 
-// Flush sends ino's buffered writes to the server. Writes that overlap
-// no other go out concurrently (their order does not matter); otherwise in
-// the order they were made.
+// bufferAttr records an attribute change (req.Valid within bufferedAttrs)
+// if the client may keep it, the way the server would make it, and
+// returns the attributes it gives.
+func (c *Client) bufferAttr(req *wire.Request) (*wire.Attr, bool) {
+	ino := req.Ino
+	f := c.wb.lockFile(ino)
+	defer f.mu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.lease.Valid(c.clk.Now()) {
+		return nil, false
+	}
+	if mode, _ := c.cache.Mode(ino); mode != wire.LockExclusive {
+		return nil, false
+	}
+	attr, ok := c.cache.Attr(ino)
+	if !ok {
+		return nil, false
+	}
+	if !f.dirty() {
+		f.base = attr.Version
+		f.since = time.Now()
+	}
+	if f.attrs == nil {
+		f.attrs = &wire.Request{Op: wire.OpSetAttr, Ino: ino}
+	}
+	p, v := f.attrs, req.Valid
+	p.Valid |= v
+	if v&wire.SetMode != 0 {
+		p.Mode = req.Mode
+		attr.Mode = attr.Mode&syscall.S_IFMT | req.Mode&^syscall.S_IFMT
+	}
+	if v&wire.SetUid != 0 {
+		p.Uid, attr.Uid = req.Uid, req.Uid
+	}
+	if v&wire.SetGid != 0 {
+		p.Gid, attr.Gid = req.Gid, req.Gid
+	}
+	if v&wire.SetAtime != 0 {
+		p.Atime, attr.Atime = req.Atime, req.Atime
+	}
+	if v&wire.SetMtime != 0 {
+		p.Mtime, attr.Mtime = req.Mtime, req.Mtime
+	}
+	// the change time is now, unless given; sent as given, so that the
+	// server keeps the time of the change, not of its flush
+	p.Valid |= wire.SetCtime
+	if v&wire.SetCtime != 0 {
+		p.Ctime = req.Ctime
+	} else {
+		p.Ctime = time.Now().UnixNano()
+	}
+	attr.Ctime = p.Ctime
+	c.cache.SetAttr(attr)
+	return attr, true
+}
+
+// Flush sends ino's buffered writes to the server, then its buffered
+// attribute change. Writes that overlap no other go out concurrently
+// (their order does not matter); otherwise in the order they were made.
 func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	f := c.wb.file(ino, false)
 	if f == nil {
@@ -190,7 +263,14 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 			reqs = append(reqs, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off + uint64(off), Data: e.data[off:end]})
 		}
 	}
-	if err := c.sendWrites(ctx, f, reqs, disjoint(extents)); err != nil {
+	err := c.sendWrites(ctx, f, reqs, disjoint(extents))
+	if err == nil && f.attrs != nil {
+		// if this is refused, the reclaim sends the writes again: the
+		// server answers them from its record of them, then takes the
+		// attributes
+		_, err = c.callWith(ctx, f.attrs, nil, true)
+	}
+	if err != nil {
 		if !errors.Is(err, errRecovered) {
 			return err
 		}
@@ -200,7 +280,7 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 		// answers it instead of refusing the version it moved on.
 		c.reclaimFile(ctx, ino, f, reqs)
 	}
-	f.extents, f.bytes = nil, 0
+	f.extents, f.bytes, f.attrs = nil, 0, nil
 	c.wb.mu.Lock()
 	if c.wb.files[ino] == f {
 		delete(c.wb.files, ino)
@@ -339,7 +419,7 @@ func (c *Client) flushOld(ctx context.Context) {
 	var old []ids.Ino
 	for ino, f := range c.wb.files {
 		if f.mu.TryLock() {
-			if len(f.extents) > 0 && time.Since(f.since) > flushAge {
+			if f.dirty() && time.Since(f.since) > flushAge {
 				old = append(old, ino)
 			}
 			f.mu.Unlock()
@@ -365,7 +445,7 @@ func (c *Client) reclaim(ctx context.Context) {
 			continue
 		}
 		c.reclaimFile(ctx, ino, f, nil)
-		f.extents, f.bytes = nil, 0
+		f.extents, f.bytes, f.attrs = nil, 0, nil
 		c.wb.mu.Lock()
 		if c.wb.files[ino] == f {
 			delete(c.wb.files, ino)
@@ -381,7 +461,7 @@ func (c *Client) reclaim(ctx context.Context) {
 // flush, sent again as they were (request ids included). Called with f.mu
 // held.
 func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, reqs []*wire.Request) {
-	if len(f.extents) == 0 {
+	if !f.dirty() {
 		return
 	}
 	if reqs == nil {
@@ -409,6 +489,21 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, req
 		}
 		version = rep.Attr.Version
 		i++
+	}
+	if err == nil && f.attrs != nil {
+		// An attribute change carries no version check of its own: it
+		// goes after the writes passed theirs, or alone if the file's
+		// version is still the one it was based on.
+		if len(reqs) == 0 {
+			var rep *wire.Reply
+			if rep, err = c.callWith(ctx, &wire.Request{Op: wire.OpGetAttr, Ino: ino}, nil, true); err == nil &&
+				(rep.Attr == nil || rep.Attr.Version != version) {
+				err = fmt.Errorf("the file changed at the server meanwhile")
+			}
+		}
+		if err == nil {
+			_, err = c.callWith(ctx, f.attrs, nil, true)
+		}
 	}
 	if err == nil {
 		c.Counters.ReclaimsOK.Add(1)

@@ -390,3 +390,70 @@ func TestNewFileXattrs(t *testing.T) {
 		t.Fatalf("another mount's xattr on a new file: %q %v", buf[:max(n, 0)], err)
 	}
 }
+
+// TestBufferedAttrs: under its X lock a mount buffers chmod, chown and
+// utimes like writes (tar sets all three on every file) and sends them
+// after the writes; another mount sees them as soon as it looks, and the
+// order of writes and time changes is kept. A truncating open comes after
+// the writes buffered before it.
+func TestBufferedAttrs(t *testing.T) {
+	a, b := twoMounts(t)
+	pa, pb := filepath.Join(a.dir, "f"), filepath.Join(b.dir, "f")
+	fa, err := os.Create(pa)
+	must(t, err)
+	_, err = fa.Write([]byte("hello"))
+	must(t, err)
+	when := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	before := mountStatus(t, a.dir)
+	must(t, fa.Chmod(0o640))
+	must(t, fa.Chown(1234, 5678))
+	must(t, os.Chtimes(pa, when, when))
+	if got := mountStatus(t, a.dir).Requests - before.Requests; got != 0 {
+		t.Errorf("%d server requests for chmod, chown and utimes under an X lock", got)
+	}
+	check := func(who, p string, mode os.FileMode, mtime time.Time, size int64) {
+		t.Helper()
+		st, err := os.Stat(p)
+		must(t, err)
+		sys := st.Sys().(*syscall.Stat_t)
+		if st.Mode().Perm() != mode || sys.Uid != 1234 || sys.Gid != 5678 || !st.ModTime().Equal(mtime) || st.Size() != size {
+			t.Fatalf("%s: mode %v uid %d gid %d mtime %v size %d; want %v 1234 5678 %v %d",
+				who, st.Mode().Perm(), sys.Uid, sys.Gid, st.ModTime(), st.Size(), mode, mtime, size)
+		}
+	}
+	check("A, buffered", pa, 0o640, when, 5)
+	check("B", pb, 0o640, when, 5) // revokes A's lock: A flushes
+	data, err := os.ReadFile(pb)
+	if err != nil || string(data) != "hello" {
+		t.Fatalf("B reads %q %v", data, err)
+	}
+	must(t, fa.Close())
+
+	// utimes, then a write: the write's time wins, as on a local disk
+	fa, err = os.OpenFile(pa, os.O_WRONLY, 0)
+	must(t, err)
+	_, err = fa.WriteAt([]byte("H"), 0) // X again
+	must(t, err)
+	must(t, os.Chtimes(pa, when, when))
+	_, err = fa.WriteAt([]byte("E"), 1)
+	must(t, err)
+	must(t, fa.Close())
+	st, err := os.Stat(pb)
+	must(t, err)
+	if st.ModTime().Equal(when) || time.Since(st.ModTime()) > time.Minute {
+		t.Fatalf("B: mtime %v after utimes and then a write", st.ModTime())
+	}
+
+	// a write buffered before a truncating open does not outlive it
+	f1, err := os.OpenFile(pa, os.O_WRONLY, 0)
+	must(t, err)
+	_, err = f1.WriteAt([]byte("abc"), 0)
+	must(t, err)
+	f2, err := os.OpenFile(pa, os.O_WRONLY|os.O_TRUNC, 0)
+	must(t, err)
+	must(t, f2.Close())
+	must(t, f1.Close())
+	if data, err := os.ReadFile(pb); err != nil || len(data) != 0 {
+		t.Fatalf("B reads %q %v after a truncating open", data, err)
+	}
+}

@@ -61,6 +61,9 @@ func TestLeaseReclaimDirtyData(t *testing.T) {
 	_, err = within(t, 20*time.Second, "A's fsync", func() error { return f.Sync() })
 	must(t, err)
 	wantFile(t, filepath.Join(b.dir, "f"), []byte("A-BUFFERED"))
+	if st, err := os.Stat(filepath.Join(b.dir, "f")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("B: %v %v, want the reclaimed mode 0600", st.Mode(), err)
+	}
 	if st := mountStatus(t, a.dir); st.DataLost != 0 || st.ReclaimsOK < 1 {
 		t.Fatalf("A: %+v, want a reclaim and no loss", st)
 	}
@@ -68,7 +71,8 @@ func TestLeaseReclaimDirtyData(t *testing.T) {
 
 // frozenWithBufferedWrites starts a server (τ = 1 s) and mounts A and B; A
 // opens f, writes through once (which brings the X lock), then buffers
-// "A-BUFFERED" under that lock and is frozen before it flushes.
+// "A-BUFFERED" and a chmod to 0600 under that lock and is frozen before it
+// flushes.
 func frozenWithBufferedWrites(t *testing.T) (a, b *mount, f *os.File) {
 	s := startServer(t, "--client-lease", "1s", "--delivery-timeout", "250ms")
 	a, b = startMount(t, s), startMount(t, s)
@@ -79,6 +83,7 @@ func frozenWithBufferedWrites(t *testing.T) (a, b *mount, f *os.File) {
 	must(t, err)
 	_, err = f.WriteAt([]byte("A-BUFFERED"), 0) // buffered under X
 	must(t, err)
+	must(t, f.Chmod(0o600)) // buffered too
 	a.signal(syscall.SIGSTOP)
 	waitStopped(t, a.proc)
 	return a, b, f
