@@ -46,8 +46,9 @@ type dirtyFile struct {
 	base  uint64 // the file's version at the server the writes are based on
 }
 
-// bufferedAttrs are the attribute changes a client may buffer under X.
-const bufferedAttrs = wire.SetMode | wire.SetUid | wire.SetGid | wire.SetAtime | wire.SetMtime | wire.SetCtime
+// bufferedAttrs are the attribute changes a client may buffer under X:
+// the ones a write request can carry.
+const bufferedAttrs = wire.WriteAttrs
 
 // dirty reports whether f holds anything not yet sent. Called with f.mu.
 func (f *dirtyFile) dirty() bool { return len(f.extents) > 0 || f.attrs != nil }
@@ -263,12 +264,19 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 			reqs = append(reqs, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off + uint64(off), Data: e.data[off:end]})
 		}
 	}
+	attrs := f.attrs
+	if attrs != nil && len(reqs) == 1 {
+		// one write carries the attribute change: one round trip (with
+		// several, concurrent writes, the change must follow them all)
+		withAttrs(reqs[0], attrs)
+		attrs = nil
+	}
 	err := c.sendWrites(ctx, f, reqs, disjoint(extents))
-	if err == nil && f.attrs != nil {
+	if err == nil && attrs != nil {
 		// if this is refused, the reclaim sends the writes again: the
 		// server answers them from its record of them, then takes the
 		// attributes
-		_, err = c.callWith(ctx, f.attrs, nil, true)
+		_, err = c.callWith(ctx, attrs, nil, true)
 	}
 	if err != nil {
 		if !errors.Is(err, errRecovered) {
@@ -287,6 +295,12 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	}
 	c.wb.mu.Unlock()
 	return nil
+}
+
+// withAttrs makes the write w carry the attribute change a.
+func withAttrs(w, a *wire.Request) {
+	w.Valid, w.Mode, w.Uid, w.Gid = a.Valid, a.Mode, a.Uid, a.Gid
+	w.Atime, w.Mtime, w.Ctime = a.Atime, a.Mtime, a.Ctime
 }
 
 // latestOnly drops writes that a later write of exactly the same range

@@ -291,6 +291,30 @@ func TestCreateRoundTrips(t *testing.T) {
 	if got := removed.Requests - created.Requests; got > n+2 {
 		t.Errorf("%d server requests for %d unlinks", got, n)
 	}
+
+	// as tar extracts: the write and the attribute changes go in one
+	// request at the close
+	when := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	for i := range n {
+		p := filepath.Join(dir, fmt.Sprint("t", i))
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		must(t, err)
+		_, err = f.Write([]byte("contents"))
+		must(t, err)
+		must(t, f.Chown(1000, 1000))
+		must(t, f.Chmod(0o644))
+		must(t, os.Chtimes(p, when, when))
+		must(t, f.Close())
+	}
+	extracted := mountStatus(t, m.dir)
+	if got := extracted.Requests - removed.Requests; got > 3*n+2 {
+		t.Errorf("%d server requests to extract %d files (want create, write, release each)", got, n)
+	}
+	st, err := os.Stat(filepath.Join(dir, "t7"))
+	must(t, err)
+	if sys := st.Sys().(*syscall.Stat_t); st.Mode().Perm() != 0o644 || sys.Uid != 1000 || !st.ModTime().Equal(when) || st.Size() != 8 {
+		t.Errorf("extracted file: %v uid %d mtime %v size %d", st.Mode(), sys.Uid, st.ModTime(), st.Size())
+	}
 }
 
 // TestReadAheadCoherent: a mount reading a file sequentially fetches

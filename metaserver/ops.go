@@ -184,8 +184,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 	case wire.OpGetAttr:
 		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply { return attrReply(st.GetAttr(r.Ino)) })
 	case wire.OpSetAttr:
-		in := SetAttrIn{Valid: r.Valid, Mode: r.Mode, Uid: r.Uid, Gid: r.Gid, Size: r.Size,
-			Atime: r.Atime, Mtime: r.Mtime, Ctime: r.Ctime}
+		in := setAttrIn(r)
 		return s.underLocks(ctx, sess, exclusive(r.Ino), s.once(sess, r, func() *wire.Reply { return attrReply(st.SetAttr(r.Ino, in, now)) }))
 	case wire.OpCreate, wire.OpMkdir, wire.OpSymlink:
 		// The child too, if the name exists (a create that opens it,
@@ -348,7 +347,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 				}
 				r.Off = a.Size
 			}
-			return attrReply(st.Write(r.Ino, r.Off, r.Data, now))
+			return attrReply(st.WriteSetAttr(r.Ino, r.Off, r.Data, setAttrIn(r), now))
 		})
 	case wire.OpFsync:
 		return errReply(st.Sync())
@@ -480,4 +479,9 @@ func (s *Server) replayed(sess *session, r *wire.Request) (*wire.Reply, bool) {
 		return attrReply(s.store.GetAttr(r.Ino)), true
 	}
 	return &wire.Reply{}, true
+}
+
+func setAttrIn(r *wire.Request) SetAttrIn {
+	return SetAttrIn{Valid: r.Valid, Mode: r.Mode, Uid: r.Uid, Gid: r.Gid, Size: r.Size,
+		Atime: r.Atime, Mtime: r.Mtime, Ctime: r.Ctime}
 }

@@ -105,6 +105,15 @@ func (tx *Tx) readChunks(ino ids.Ino, off uint64, out []byte) error {
 // without reading it; a partial chunk is read, modified and written. The
 // store keeps data until the commit, inside this call, and does not retain it.
 func (s *Store) Write(ino ids.Ino, off uint64, data []byte, now int64) (Attr, error) {
+	return s.WriteSetAttr(ino, off, data, SetAttrIn{}, now)
+}
+
+// WriteSetAttr is Write followed, in the same transaction, by the changes
+// of mode, owner and times in (its Valid within wire.WriteAttrs).
+func (s *Store) WriteSetAttr(ino ids.Ino, off uint64, data []byte, in SetAttrIn, now int64) (Attr, error) {
+	if in.Valid&^wire.WriteAttrs != 0 {
+		return Attr{}, wire.Errf(wire.CodeInvalid, "a write cannot carry attribute changes %#x", in.Valid&^wire.WriteAttrs)
+	}
 	end := off + uint64(len(data))
 	if end < off || end > MaxFileSize {
 		return Attr{}, wire.Errf(wire.CodeTooBig, "write past %d", uint64(MaxFileSize))
@@ -118,7 +127,7 @@ func (s *Store) Write(ino ids.Ino, off uint64, data []byte, now int64) (Attr, er
 		if err := checkRegular(n); err != nil {
 			return err
 		}
-		if len(data) == 0 {
+		if len(data) == 0 && in.Valid == 0 {
 			a = n.Attr
 			return nil
 		}
@@ -158,15 +167,20 @@ func (s *Store) Write(ino ids.Ino, off uint64, data []byte, now int64) (Attr, er
 				return err
 			}
 		}
-		n.Size = max(n.Size, end)
-		n.Version++
-		n.Mtime, n.Ctime = now, now
+		if len(data) > 0 {
+			n.Size = max(n.Size, end)
+			n.Version++
+			n.Mtime, n.Ctime = now, now
+		}
+		if in.Valid != 0 {
+			n.setAttrs(in, now)
+		}
 		n.touch()
 		a = n.Attr
 		return nil
 	}
 	var err error
-	if len(data) == 0 {
+	if len(data) == 0 && in.Valid == 0 {
 		err = s.view(write)
 	} else {
 		_, err = s.update(write)

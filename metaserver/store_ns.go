@@ -172,37 +172,44 @@ func (s *Store) SetAttr(ino ids.Ino, in SetAttrIn, now int64) (Attr, error) {
 				n.Mtime = now
 			}
 		}
-		if v&wire.SetMode != 0 {
-			n.Mode = modeType(n.Mode) | in.Mode&^syscall.S_IFMT
-		}
-		if v&wire.SetUid != 0 {
-			n.Uid = in.Uid
-		}
-		if v&wire.SetGid != 0 {
-			n.Gid = in.Gid
-		}
-		switch {
-		case v&wire.SetAtimeNow != 0:
-			n.Atime = now
-		case v&wire.SetAtime != 0:
-			n.Atime = in.Atime
-		}
-		switch {
-		case v&wire.SetMtimeNow != 0:
-			n.Mtime = now
-		case v&wire.SetMtime != 0:
-			n.Mtime = in.Mtime
-		}
-		if v&wire.SetCtime != 0 {
-			n.Ctime = in.Ctime
-		} else {
-			n.Ctime = now
-		}
+		n.setAttrs(in, now)
 		n.touch()
 		a = n.Attr
 		return nil
 	})
 	return a, err
+}
+
+// setAttrs makes the changes in.Valid names other than the size, and sets
+// the change time.
+func (n *inode) setAttrs(in SetAttrIn, now int64) {
+	v := in.Valid
+	if v&wire.SetMode != 0 {
+		n.Mode = modeType(n.Mode) | in.Mode&^syscall.S_IFMT
+	}
+	if v&wire.SetUid != 0 {
+		n.Uid = in.Uid
+	}
+	if v&wire.SetGid != 0 {
+		n.Gid = in.Gid
+	}
+	switch {
+	case v&wire.SetAtimeNow != 0:
+		n.Atime = now
+	case v&wire.SetAtime != 0:
+		n.Atime = in.Atime
+	}
+	switch {
+	case v&wire.SetMtimeNow != 0:
+		n.Mtime = now
+	case v&wire.SetMtime != 0:
+		n.Mtime = in.Mtime
+	}
+	if v&wire.SetCtime != 0 {
+		n.Ctime = in.Ctime
+	} else {
+		n.Ctime = now
+	}
 }
 
 func checkRegular(n *inode) error {

@@ -395,6 +395,31 @@ func TestStoreSetAttr(t *testing.T) {
 	wantCode(t, err, wire.CodeNotFound)
 }
 
+// TestStoreWriteSetAttr: a write carrying mode, owner and times makes them
+// after the write, in its transaction; a size change it refuses whole.
+func TestStoreWriteSetAttr(t *testing.T) {
+	s := newStore(t)
+	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o600, 0, 0, 0, 1))
+	in := SetAttrIn{Valid: wire.SetMode | wire.SetUid | wire.SetMtime | wire.SetCtime, Mode: 0o644, Uid: 7, Mtime: 222, Ctime: 333}
+	a := must[Attr](t)(s.WriteSetAttr(f.Ino, 0, []byte("hello"), in, 5))
+	if a.Size != 5 || a.Version != f.Version+1 || a.Mode != reg|0o644 || a.Uid != 7 || a.Mtime != 222 || a.Ctime != 333 {
+		t.Fatalf("write with attributes: %+v", a)
+	}
+	if got := must[Attr](t)(s.GetAttr(f.Ino)); got != a {
+		t.Fatalf("stored %+v, replied %+v", got, a)
+	}
+	// no data: the attributes alone, the version unchanged
+	a = must[Attr](t)(s.WriteSetAttr(f.Ino, 0, nil, SetAttrIn{Valid: wire.SetGid, Gid: 9}, 6))
+	if a.Gid != 9 || a.Size != 5 || a.Version != f.Version+1 || a.Ctime != 6 {
+		t.Fatalf("empty write with attributes: %+v", a)
+	}
+	_, err := s.WriteSetAttr(f.Ino, 0, []byte("x"), SetAttrIn{Valid: wire.SetSize | wire.SetMode, Size: 0}, 7)
+	wantCode(t, err, wire.CodeInvalid)
+	if got := must[[]byte](t)(s.Read(f.Ino, 0, 100)); string(got) != "hello" {
+		t.Fatalf("a refused write changed the data: %q", got)
+	}
+}
+
 func TestStoreTruncate(t *testing.T) {
 	s := newStore(t)
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))

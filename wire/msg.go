@@ -115,6 +115,11 @@ const (
 	SetCtime
 )
 
+// WriteAttrs are the attribute changes an OpWrite may carry in Valid, made
+// after the write in the same transaction: a client that buffered a chmod,
+// chown or utimes behind its writes sends them in one request.
+const WriteAttrs = SetMode | SetUid | SetGid | SetAtime | SetMtime | SetCtime
+
 // Attr is an inode's attributes as the server stores them.
 type Attr struct {
 	Ino                 ids.Ino
