@@ -90,9 +90,9 @@ type Client struct {
 	id  ids.ClientID
 	srv servers
 	clk clock.Real
-	// reqs numbers the client's changes (wire.Request.ReqID): a resend
-	// after a failover must not apply a change twice.
-	reqs     atomic.Uint64
+	// inFlight numbers the client's changes (wire.Request.ReqID: a
+	// resend after a failover must not apply a change twice) and knows
+	// which are unanswered.
 	inFlight changesInFlight
 
 	// Invalidate, set by fs before mounting, drops the kernel's caches of
@@ -255,10 +255,7 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 		ctx = context.WithoutCancel(ctx)
 	}
 	if req.Op.Changes() {
-		if req.ReqID == 0 {
-			req.ReqID = c.reqs.Add(1)
-		}
-		req.Oldest = c.inFlight.add(req.ReqID)
+		req.Oldest = c.inFlight.add(&req.ReqID)
 		defer func() {
 			if !errors.Is(err, errRecovered) {
 				// (a NACKed flush write stays in flight: its reclaim
@@ -549,19 +546,28 @@ func (c *Client) Close() error {
 // the client has finished with it (a stale copy at a server the client
 // gave up on), and must not apply it.
 type changesInFlight struct {
-	mu  sync.Mutex
-	ids map[uint64]struct{}
+	mu   sync.Mutex
+	last uint64 // the last number given to a change
+	ids  map[uint64]struct{}
 }
 
-// add records id and returns the oldest change in flight.
-func (f *changesInFlight) add(id uint64) uint64 {
+// add records *id, giving it the next number first if it has none, and
+// returns the oldest change in flight. Numbering and recording are one
+// step: a request numbered before another but recorded after it would let
+// the other name an oldest change past it, and the server refuse it as a
+// stale copy.
+func (f *changesInFlight) add(id *uint64) uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.ids == nil {
 		f.ids = map[uint64]struct{}{}
 	}
-	f.ids[id] = struct{}{}
-	oldest := id
+	if *id == 0 {
+		f.last++
+		*id = f.last
+	}
+	f.ids[*id] = struct{}{}
+	oldest := *id
 	for other := range f.ids {
 		oldest = min(oldest, other)
 	}
