@@ -73,25 +73,44 @@ func (s *Store) Applied(o Origin) (applied, stale bool, err error) {
 }
 
 // recordDone adds o.Req to the client's record of o.Ino (newest first,
-// doneKeep at most) and deletes other clients' records of the inode older
-// than doneTTL.
+// doneKeep at most). When the client has no record of the inode yet, it
+// also deletes other clients' records of it older than doneTTL: that
+// sweep iterates, and an iterator walks every version of a record the
+// store still holds (a directory's, rewritten at each create), so it must
+// not run at every change.
 func (tx *Tx) recordDone(o Origin, now int64) error {
 	key := tx.key64(recDone, o.Ino, uint64(o.Client))
 	val := make([]byte, doneHeader+doneEntry, doneHeader+doneEntry*doneKeep)
 	binary.LittleEndian.PutUint64(val, o.Oldest)
 	binary.LittleEndian.PutUint64(val[doneHeader:], o.Req)
 	binary.LittleEndian.PutUint64(val[doneHeader+8:], uint64(now))
+	found, err := tx.get(key, func(v []byte) error {
+		if len(v) < doneHeader {
+			return nil
+		}
+		binary.LittleEndian.PutUint64(val, max(o.Oldest, binary.LittleEndian.Uint64(v)))
+		for v = v[doneHeader:]; len(v) >= doneEntry && len(val) < cap(val); v = v[doneEntry:] {
+			val = append(val, v[:doneEntry]...)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !found {
+		if err := tx.sweepDone(o, now); err != nil {
+			return err
+		}
+	}
+	return tx.set(key, val)
+}
+
+// sweepDone deletes other clients' records of o.Ino older than doneTTL.
+func (tx *Tx) sweepDone(o Origin, now int64) error {
 	var stale [][]byte
 	err := tx.scan(tx.key(recDone, o.Ino, nil), nil, false, true, func(k, v []byte) (bool, error) {
-		if len(v) < doneHeader+doneEntry {
-			return true, nil
-		}
-		if binary.BigEndian.Uint64(k[9:]) == uint64(o.Client) {
-			binary.LittleEndian.PutUint64(val, max(o.Oldest, binary.LittleEndian.Uint64(v)))
-			for v = v[doneHeader:]; len(v) >= doneEntry && len(val) < cap(val); v = v[doneEntry:] {
-				val = append(val, v[:doneEntry]...)
-			}
-		} else if now-int64(binary.LittleEndian.Uint64(v[doneHeader+8:])) > int64(doneTTL) {
+		if len(v) >= doneHeader+doneEntry && binary.BigEndian.Uint64(k[9:]) != uint64(o.Client) &&
+			now-int64(binary.LittleEndian.Uint64(v[doneHeader+8:])) > int64(doneTTL) {
 			stale = append(stale, tx.key(recDone, o.Ino, k[9:]))
 		}
 		return true, nil
@@ -104,7 +123,7 @@ func (tx *Tx) recordDone(o Origin, now int64) error {
 			return err
 		}
 	}
-	return tx.set(key, val)
+	return nil
 }
 
 // delDone deletes every client's record of ino (the inode is gone).

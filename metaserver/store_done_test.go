@@ -80,8 +80,8 @@ func TestStoreAppliedRequests(t *testing.T) {
 	}
 }
 
-// Another client's record older than doneTTL goes at the inode's next
-// change; a recent one stays.
+// Another client's record older than doneTTL goes when a client with no
+// record of the inode changes it; a recent one stays.
 func TestStoreAppliedRequestsExpire(t *testing.T) {
 	s := newStore(t)
 	old := Origin{Ino: ids.RootIno, Client: 1, Req: 1}
