@@ -2,8 +2,8 @@ package fs
 
 import (
 	"fmt"
+	"log/slog"
 	"os"
-	"sync"
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -15,15 +15,18 @@ import (
 
 // MountOptions configures a mount.
 type MountOptions struct {
-	Debug bool // log every FUSE request
+	Debug  bool // log every FUSE request
+	Logger *slog.Logger
 }
 
 // Mount mounts the leasefs client c at dir and returns the running FUSE
 // server; the caller waits on it and unmounts it.
 func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
-	root := &Node{c: c, known: &sync.Map{}}
+	mnt := &mountState{}
+	root := &Node{c: c, mnt: mnt}
 	// Zero timeouts until a data lock covers what the kernel caches: another
-	// client may change any entry or attribute at any moment.
+	// client may change any entry or attribute at any moment. A reply sets
+	// its own under a lock (Node.child).
 	var zero time.Duration
 	opts := &gofs.Options{
 		EntryTimeout:    &zero,
@@ -50,12 +53,22 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		opts.Options = append(opts.Options, "default_permissions")
 		opts.DirectMountStrict = true
 	}
+	before := fuseFDs()
 	srv, err := gofs.Mount(dir, root, opts)
 	if err != nil {
 		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
 	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if names, err := newNameEpoch(before, fuseFDs()); err != nil {
+		log.Info("the kernel caches no names of this mount: every path lookup asks the mount", "why", err)
+	} else {
+		mnt.names = names
+	}
 	c.PathOf = func(ino ids.Ino) string {
-		if v, ok := root.known.Load(ino); ok {
+		if v, ok := mnt.known.Load(ino); ok {
 			return "/" + v.(*Node).Path(nil)
 		}
 		return ""
@@ -64,6 +77,18 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		// Pages and attributes; ENOENT only means the kernel has
 		// nothing cached for it.
 		_ = srv.InodeNotify(uint64(ino), 0, 0)
+		if mnt.names == nil {
+			return
+		}
+		// a directory's names, or one the kernel may know under another
+		// node (the root is not in known)
+		if v, ok := mnt.known.Load(ino); ok && !v.(*Node).IsDir() {
+			return
+		}
+		if err := mnt.names.bump(); err != nil {
+			// the kernel could take it at mount: a broken connection
+			log.Warn("dropping the kernel's cached names failed", "err", err)
+		}
 	}
 	return srv, nil
 }

@@ -25,14 +25,22 @@ const StatusXattr = "user.leasefs.status"
 // Node is one leasefs inode as the kernel sees it.
 type Node struct {
 	gofs.Inode
-	c     *client.Client
-	known *sync.Map // ino → *Node the kernel knows, for log messages with paths
+	c   *client.Client
+	mnt *mountState
+}
+
+// mountState is what the nodes of one mount share.
+type mountState struct {
+	known sync.Map // ino → *Node the kernel knows (paths for log messages; types)
+	// names bumps the kernel's name epoch; nil: the kernel cannot, and
+	// caches no names
+	names *nameEpoch
 }
 
 var _ = (gofs.NodeOnForgetter)((*Node)(nil))
 
 // OnForget: the kernel dropped the inode.
-func (n *Node) OnForget() { n.known.Delete(n.ino()) }
+func (n *Node) OnForget() { n.mnt.known.Delete(n.ino()) }
 
 var (
 	_ = (gofs.NodeLookuper)((*Node)(nil))
@@ -77,9 +85,13 @@ func (n *Node) child(ctx context.Context, a *wire.Attr, out *fuse.EntryOut) *gof
 	fillAttr(a, &out.Attr)
 	out.NodeId = uint64(a.Ino)
 	out.SetAttrTimeout(n.c.AttrTTL(a.Ino))
-	child := &Node{c: n.c, known: n.known}
+	if n.mnt.names != nil {
+		// the name is this directory's: as long as its lock covers it
+		out.SetEntryTimeout(n.c.AttrTTL(n.ino()))
+	}
+	child := &Node{c: n.c, mnt: n.mnt}
 	in := n.NewInode(ctx, child, gofs.StableAttr{Mode: a.Mode & syscall.S_IFMT, Ino: uint64(a.Ino)})
-	n.known.LoadOrStore(a.Ino, in.Operations())
+	n.mnt.known.LoadOrStore(a.Ino, in.Operations())
 	return in
 }
 

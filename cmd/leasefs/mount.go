@@ -100,6 +100,7 @@ func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, 
 	}
 	defer c.Close()
 	defer serveMountStatus(c, mountpoint, log)() // leasefs admin --mount (admin.go)
+	opts.Logger = log
 	srv, err := lfs.Mount(mountpoint, c, opts)
 	if err != nil {
 		return err
