@@ -146,6 +146,27 @@ func (f *dirtyFile) size() int {
 	return f.bytes
 }
 
+// mayBuffer returns ino's cached attributes if the client may buffer a
+// change of it (an X lock, a valid lease), and starts f's dirty period.
+// Called with f.mu and c.mu.
+func (c *Client) mayBuffer(f *dirtyFile, ino ids.Ino) (*wire.Attr, bool) {
+	if !c.lease.Valid(c.clk.Now()) {
+		return nil, false
+	}
+	if mode, _ := c.cache.Mode(ino); mode != wire.LockExclusive {
+		return nil, false
+	}
+	attr, ok := c.cache.Attr(ino)
+	if !ok {
+		return nil, false
+	}
+	if !f.dirty() {
+		f.base = attr.Version
+		f.since = time.Now()
+	}
+	return attr, true
+}
+
 // buffer records a write if the client may keep it. Lock order: the
 // file's mu, then c.mu (Flush holds the file's mu while it calls).
 func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
@@ -153,19 +174,9 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 	defer f.mu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.lease.Valid(c.clk.Now()) {
-		return false
-	}
-	if mode, _ := c.cache.Mode(ino); mode != wire.LockExclusive {
-		return false
-	}
-	attr, ok := c.cache.Attr(ino)
+	attr, ok := c.mayBuffer(f, ino)
 	if !ok {
 		return false
-	}
-	if !f.dirty() {
-		f.base = attr.Version
-		f.since = time.Now()
 	}
 	if f.attrs != nil {
 		// the write sets the times when it reaches the server, after a
@@ -198,19 +209,9 @@ func (c *Client) bufferAttr(req *wire.Request) (*wire.Attr, bool) {
 	defer f.mu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.lease.Valid(c.clk.Now()) {
-		return nil, false
-	}
-	if mode, _ := c.cache.Mode(ino); mode != wire.LockExclusive {
-		return nil, false
-	}
-	attr, ok := c.cache.Attr(ino)
+	attr, ok := c.mayBuffer(f, ino)
 	if !ok {
 		return nil, false
-	}
-	if !f.dirty() {
-		f.base = attr.Version
-		f.since = time.Now()
 	}
 	if f.attrs == nil {
 		f.attrs = &wire.Request{Op: wire.OpSetAttr, Ino: ino}

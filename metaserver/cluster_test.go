@@ -105,17 +105,7 @@ func (tc *testCluster) kill(id ids.ServerID) {
 // connect makes a client of the given servers, in order of preference.
 func (tc *testCluster) connect(servers ...ids.ServerID) *client.Client {
 	tc.t.Helper()
-	cfg := client.DefaultConfig()
-	for _, id := range servers {
-		cfg.Servers = append(cfg.Servers, tc.addrs[id])
-	}
-	cfg.Token = tc.ident.TokenValue()
-	cfg.Logger = testLogger().With("client", servers)
-	cfg.FailoverTimeout = 200 * time.Millisecond
-	c, err := client.New(context.Background(), cfg)
-	if err != nil {
-		tc.t.Fatal(err)
-	}
+	c := tc.connectUnmanaged(servers...)
 	tc.t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -371,15 +361,7 @@ func TestClusterCreateAhead(t *testing.T) {
 	c := tc.connect(1)
 	const files = 100
 	before := tc.srv[1].cl.Stats()
-	var inos []ids.Ino
-	for i := range files {
-		a, err := c.Create(ctx, ids.RootIno, fmt.Sprint("f", i), 0o100644, 0, 0, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		writeSync(ctx, t, c, a.Ino, 0, []byte(fmt.Sprint("file ", i)))
-		inos = append(inos, a.Ino)
-	}
+	inos := createNumbered(ctx, t, c, files)
 	for _, o := range tc.srv[1].AdminOwners() {
 		if o.Ino > inos[len(inos)-1] {
 			t.Fatalf("admin owners lists %v, acquired ahead but not allocated yet", o.Ino)
@@ -408,15 +390,7 @@ func TestClusterRestartNoGrace(t *testing.T) {
 	defer cancel()
 	c := tc.connectUnmanaged(1)
 	const files = 5
-	var inos []ids.Ino
-	for i := range files {
-		a, err := c.Create(ctx, ids.RootIno, fmt.Sprint("f", i), 0o100644, 0, 0, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		writeSync(ctx, t, c, a.Ino, 0, []byte(fmt.Sprint("file ", i)))
-		inos = append(inos, a.Ino)
-	}
+	inos := createNumbered(ctx, t, c, files)
 	c.Close()
 	tc.killQuiet(1)
 	tc.start(1)
@@ -595,4 +569,20 @@ func TestClusterFencing(t *testing.T) {
 	if got := readAll(ctx, t, tc.connect(3), a.Ino); string(got) != "v2" {
 		t.Fatalf("through server 3: %q", got)
 	}
+}
+
+// createNumbered creates /f0 … /f(n-1), file i holding "file i" synced,
+// and returns their inode numbers.
+func createNumbered(ctx context.Context, t *testing.T, c *client.Client, n int) []ids.Ino {
+	t.Helper()
+	var inos []ids.Ino
+	for i := range n {
+		a, err := c.Create(ctx, ids.RootIno, fmt.Sprint("f", i), 0o100644, 0, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeSync(ctx, t, c, a.Ino, 0, []byte(fmt.Sprint("file ", i)))
+		inos = append(inos, a.Ino)
+	}
+	return inos
 }
