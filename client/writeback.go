@@ -34,11 +34,12 @@ type extent struct {
 	data []byte
 }
 
-// dirtyFile is one file's buffered writes, in the order they were made.
+// dirtyFile is one file's buffered writes: disjoint extents in ascending
+// order, a later write copied over the bytes of earlier ones it overlaps.
 type dirtyFile struct {
 	mu      sync.Mutex // held while flushing, so flushes of one file are ordered
 	extents []extent
-	bytes   int
+	bytes   int // in extents
 	// attrs is a buffered attribute change (mode, owner, times; never the
 	// size), sent after the writes: tar, cp -p and rsync set three per file.
 	attrs *wire.Request
@@ -183,15 +184,7 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 		// buffered utimes would: the times the write gives win
 		f.attrs.Valid &^= wire.SetMtime | wire.SetCtime
 	}
-	// Extend the last extent when the write continues it: sequential
-	// writes become one large request.
-	if n := len(f.extents); n > 0 && f.extents[n-1].off+uint64(len(f.extents[n-1].data)) == off &&
-		len(f.extents[n-1].data) < flushChunk {
-		f.extents[n-1].data = append(f.extents[n-1].data, data...)
-	} else {
-		f.extents = append(f.extents, extent{off: off, data: bytes.Clone(data)})
-	}
-	f.bytes += len(data)
+	f.add(off, data)
 	attr.Size = max(attr.Size, off+uint64(len(data)))
 	attr.Mtime = time.Now().UnixNano()
 	attr.Ctime = attr.Mtime
@@ -247,9 +240,9 @@ func (c *Client) bufferAttr(req *wire.Request) (*wire.Attr, bool) {
 	return attr, true
 }
 
-// Flush sends ino's buffered writes to the server, then its buffered
-// attribute change. Writes that overlap no other go out concurrently
-// (their order does not matter); otherwise in the order they were made.
+// Flush sends ino's buffered writes to the server, concurrently (they are
+// disjoint: their order does not matter), then its buffered attribute
+// change.
 func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	f := c.wb.file(ino, false)
 	if f == nil {
@@ -257,14 +250,7 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	extents := latestOnly(f.extents)
-	var reqs []*wire.Request
-	for _, e := range extents {
-		for off := 0; off < len(e.data); off += flushChunk {
-			end := min(len(e.data), off+flushChunk)
-			reqs = append(reqs, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off + uint64(off), Data: e.data[off:end]})
-		}
-	}
+	reqs := packWrites(ino, f.extents)
 	attrs := f.attrs
 	if attrs != nil && len(reqs) == 1 {
 		// one write carries the attribute change: one round trip (with
@@ -272,7 +258,7 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 		withAttrs(reqs[0], attrs)
 		attrs = nil
 	}
-	err := c.sendWrites(ctx, f, reqs, disjoint(extents))
+	err := c.sendWrites(ctx, f, reqs)
 	if err == nil && attrs != nil {
 		// if this is refused, the reclaim sends the writes again: the
 		// server answers them from its record of them, then takes the
@@ -304,40 +290,96 @@ func withAttrs(w, a *wire.Request) {
 	w.Atime, w.Mtime, w.Ctime = a.Atime, a.Mtime, a.Ctime
 }
 
-// latestOnly drops writes that a later write of exactly the same range
-// replaced (a page rewritten), which also makes random page writes
-// disjoint so they can go out concurrently.
-func latestOnly(es []extent) []extent {
-	type span struct {
-		off uint64
-		n   int
-	}
-	last := make(map[span]int, len(es))
-	for i, e := range es {
-		last[span{e.off, len(e.data)}] = i
-	}
-	if len(last) == len(es) {
-		return es
-	}
-	out := make([]extent, 0, len(last))
-	for i, e := range es {
-		if last[span{e.off, len(e.data)}] == i {
-			out = append(out, e)
+// add buffers a write of data at off: bytes of extents it overlaps are
+// overwritten in place, the rest become new extents; a write that continues
+// the last extent extends it, so sequential writes become large requests.
+func (f *dirtyFile) add(off uint64, data []byte) {
+	end := off + uint64(len(data))
+	// the first extent ending after off: extents before it are untouched
+	i, _ := slices.BinarySearchFunc(f.extents, off, func(e extent, off uint64) int {
+		return cmp.Compare(e.end(), off+1)
+	})
+	if i == len(f.extents) {
+		if n := len(f.extents); n > 0 && f.extents[n-1].end() == off && len(f.extents[n-1].data) < flushChunk {
+			f.extents[n-1].data = append(f.extents[n-1].data, data...)
+		} else {
+			f.extents = append(f.extents, extent{off: off, data: bytes.Clone(data)})
 		}
+		f.bytes += len(data)
+		return
 	}
-	return out
+	var merged []extent
+	pos, j := off, i
+	for ; j < len(f.extents) && f.extents[j].off < end; j++ {
+		e := f.extents[j]
+		if pos < e.off {
+			merged = append(merged, extent{off: pos, data: bytes.Clone(data[pos-off : e.off-off])})
+			f.bytes += int(e.off - pos)
+		}
+		lo, hi := max(off, e.off), min(end, e.end())
+		copy(e.data[lo-e.off:hi-e.off], data[lo-off:hi-off])
+		merged = append(merged, e)
+		pos = hi
+	}
+	if pos < end {
+		merged = append(merged, extent{off: pos, data: bytes.Clone(data[pos-off:])})
+		f.bytes += int(end - pos)
+	}
+	f.extents = slices.Replace(f.extents, i, j, merged...)
 }
 
-// disjoint reports whether no two extents overlap.
-func disjoint(es []extent) bool {
-	sorted := slices.Clone(es)
-	slices.SortFunc(sorted, func(a, b extent) int { return cmp.Compare(a.off, b.off) })
-	for i := 1; i < len(sorted); i++ {
-		if sorted[i-1].off+uint64(len(sorted[i-1].data)) > sorted[i].off {
-			return false
+func (e extent) end() uint64 { return e.off + uint64(len(e.data)) }
+
+// packWrites turns disjoint ascending extents into write requests of up
+// to flushChunk bytes each: a large extent is split into plain writes;
+// small ones share vectored writes (wire.Request.Spans), within the spans
+// and chunks one request may carry. Random page writes thus cost one
+// request and one transaction per few hundred pages, not one each.
+func packWrites(ino ids.Ino, extents []extent) []*wire.Request {
+	var (
+		reqs      []*wire.Request
+		cur       *wire.Request
+		lastChunk uint64
+		chunks    int
+	)
+	for _, e := range extents {
+		for off := 0; off < len(e.data); {
+			n := min(len(e.data)-off, flushChunk)
+			pos := e.off + uint64(off)
+			first, last := pos/serverChunk, (pos+uint64(n)-1)/serverChunk
+			more := int(last-first) + 1
+			if cur != nil && first == lastChunk {
+				more--
+			}
+			if cur == nil || len(cur.Data)+n > flushChunk || len(cur.Spans) == wire.MaxSpans || chunks+more > maxRequestChunks {
+				cur = &wire.Request{Op: wire.OpWrite, Ino: ino}
+				reqs = append(reqs, cur)
+				chunks, more = 0, int(last-first)+1
+			}
+			cur.Spans = append(cur.Spans, wire.Span{Off: pos, Len: uint32(n)})
+			cur.Data = append(cur.Data, e.data[off:off+n]...)
+			chunks += more
+			lastChunk = last
+			off += n
 		}
 	}
-	return true
+	for _, r := range reqs {
+		if len(r.Spans) == 1 {
+			// a plain write: what every server version takes
+			r.Off, r.Spans = r.Spans[0].Off, nil
+		}
+	}
+	return reqs
+}
+
+// writeRange is the bytes a write request covers, from its first to past
+// its last byte.
+func writeRange(r *wire.Request) (start, end uint64) {
+	if len(r.Spans) == 0 {
+		return r.Off, r.Off + uint64(len(r.Data))
+	}
+	last := r.Spans[len(r.Spans)-1]
+	return r.Spans[0].Off, last.Off + uint64(last.Len)
 }
 
 const (
@@ -345,14 +387,18 @@ const (
 	maxReclaimNacks = 8
 	flushParallel   = 16
 	serverChunk     = 64 << 10 // the server's chunk size: writes into one chunk conflict
+	// maxRequestChunks bounds the server chunks one vectored write
+	// touches (each a read-modify-write in the request's transaction):
+	// as many as a plain write of wire.MaxData bytes.
+	maxRequestChunks = wire.MaxData / serverChunk
 )
 
-// sendWrites sends the requests, up to flushParallel at once if
-// concurrent is set; writes into the same server chunk go one after the
-// other so their transactions do not conflict. A failure leaves every write
+// sendWrites sends the requests (disjoint writes, in ascending order), up
+// to flushParallel at once; writes into the same server chunk go one after
+// the other so their transactions do not conflict. A failure leaves every write
 // to be sent again, which is harmless: writing the same bytes twice gives the
 // same file.
-func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Request, concurrent bool) error {
+func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Request) error {
 	var versionMu sync.Mutex
 	send := func(r *wire.Request) error {
 		rep, err := c.callWith(ctx, r, nil, true)
@@ -365,22 +411,19 @@ func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Requ
 		}
 		return err
 	}
-	if !concurrent || len(reqs) == 1 {
-		for _, r := range reqs {
-			if err := send(r); err != nil {
-				return err
-			}
-		}
-		return nil
+	if len(reqs) == 1 {
+		return send(reqs[0])
 	}
-	slices.SortFunc(reqs, func(a, b *wire.Request) int { return cmp.Compare(a.Off, b.Off) })
 	var groups [][]*wire.Request
+	var prevEnd uint64
 	for i, r := range reqs {
-		if i > 0 && r.Off/serverChunk == (reqs[i-1].Off+uint64(len(reqs[i-1].Data))-1)/serverChunk {
+		start, end := writeRange(r)
+		if i > 0 && start/serverChunk == (prevEnd-1)/serverChunk {
 			groups[len(groups)-1] = append(groups[len(groups)-1], r)
-			continue
+		} else {
+			groups = append(groups, []*wire.Request{r})
 		}
-		groups = append(groups, []*wire.Request{r})
+		prevEnd = end
 	}
 	var (
 		wg       sync.WaitGroup
@@ -480,9 +523,7 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, req
 		return
 	}
 	if reqs == nil {
-		for _, e := range latestOnly(f.extents) {
-			reqs = append(reqs, &wire.Request{Op: wire.OpWrite, Ino: ino, Off: e.off, Data: e.data})
-		}
+		reqs = packWrites(ino, f.extents)
 	}
 	var err error
 	version := f.base

@@ -105,18 +105,39 @@ func (tx *Tx) readChunks(ino ids.Ino, off uint64, out []byte) error {
 // without reading it; a partial chunk is read, modified and written. The
 // store keeps data until the commit, inside this call, and does not retain it.
 func (s *Store) Write(ino ids.Ino, off uint64, data []byte, now int64) (Attr, error) {
-	return s.WriteSetAttr(ino, off, data, SetAttrIn{}, now)
+	return s.WriteSetAttr(ino, SpanAt(off, data), data, SetAttrIn{}, now)
 }
 
-// WriteSetAttr is Write followed, in the same transaction, by the changes
-// of mode, owner and times in (its Valid within wire.WriteAttrs).
-func (s *Store) WriteSetAttr(ino ids.Ino, off uint64, data []byte, in SetAttrIn, now int64) (Attr, error) {
+// SpanAt is the one span of a write of data at off (none for no data).
+func SpanAt(off uint64, data []byte) []wire.Span {
+	if len(data) == 0 {
+		return nil
+	}
+	return []wire.Span{{Off: off, Len: uint32(len(data))}}
+}
+
+// maxWriteChunks bounds the chunks one write may touch, which keeps its
+// transaction within badger's size limit: twice the chunks of a write of
+// wire.MaxData bytes, for scattered writes.
+const maxWriteChunks = 2 * wire.MaxData / ChunkSize
+
+// WriteSetAttr writes data into the spans (ascending and disjoint, data
+// holding their bytes one after another; see wire.Request.Spans), then
+// makes the changes of mode, owner and times in (its Valid within
+// wire.WriteAttrs), all in one transaction.
+func (s *Store) WriteSetAttr(ino ids.Ino, spans []wire.Span, data []byte, in SetAttrIn, now int64) (Attr, error) {
 	if in.Valid&^wire.WriteAttrs != 0 {
 		return Attr{}, wire.Errf(wire.CodeInvalid, "a write cannot carry attribute changes %#x", in.Valid&^wire.WriteAttrs)
 	}
-	end := off + uint64(len(data))
-	if end < off || end > MaxFileSize {
-		return Attr{}, wire.Errf(wire.CodeTooBig, "write past %d", uint64(MaxFileSize))
+	total := 0
+	for _, sp := range spans {
+		total += int(sp.Len)
+		if end := sp.Off + uint64(sp.Len); end < sp.Off || end > MaxFileSize {
+			return Attr{}, wire.Errf(wire.CodeTooBig, "write past %d", uint64(MaxFileSize))
+		}
+	}
+	if total != len(data) {
+		return Attr{}, wire.Errf(wire.CodeInvalid, "write spans hold %d bytes, data has %d", total, len(data))
 	}
 	var a Attr
 	write := func(tx *Tx) error {
@@ -131,44 +152,12 @@ func (s *Store) WriteSetAttr(ino ids.Ino, off uint64, data []byte, in SetAttrIn,
 			a = n.Attr
 			return nil
 		}
-		for pos := off; pos < end; {
-			ci := pos / ChunkSize
-			cs := ci * ChunkSize
-			s0, e0 := pos-cs, min(end-cs, ChunkSize)
-			piece := data[pos-off : pos-off+(e0-s0)]
-			pos = cs + e0
-			key := tx.key64(recChunk, ino, ci)
-			// chunks never hold bytes past Size, so this bounds what exists
-			var existing uint64
-			if cs < n.Size {
-				existing = min(n.Size-cs, ChunkSize)
-			}
-			if s0 == 0 && e0 >= existing {
-				if err := tx.set(key, piece); err != nil {
-					return err
-				}
-				continue
-			}
-			buf := tx.chunkBuf()
-			var have uint64
-			if existing > 0 {
-				if _, err := tx.get(key, func(v []byte) error {
-					have = uint64(copy(buf, v))
-					return nil
-				}); err != nil {
-					return err
-				}
-			}
-			if have < s0 {
-				clear(buf[have:s0])
-			}
-			copy(buf[s0:], piece)
-			if err := tx.set(key, buf[:max(have, e0)]); err != nil {
-				return err
-			}
+		if err := tx.writeSpans(n, spans, data); err != nil {
+			return err
 		}
 		if len(data) > 0 {
-			n.Size = max(n.Size, end)
+			last := spans[len(spans)-1]
+			n.Size = max(n.Size, last.Off+uint64(last.Len))
 			n.Version++
 			n.Mtime, n.Ctime = now, now
 		}
@@ -186,6 +175,76 @@ func (s *Store) WriteSetAttr(ino ids.Ino, off uint64, data []byte, in SetAttrIn,
 		_, err = s.update(write)
 	}
 	return a, err
+}
+
+// writeSpans stores the spans' bytes in n's chunks, each chunk written
+// once: a chunk a piece covers from its start past the stored bytes is the
+// piece itself; otherwise the stored bytes are read and patched.
+func (tx *Tx) writeSpans(n *inode, spans []wire.Span, data []byte) error {
+	var (
+		cur     = ^uint64(0) // the chunk being assembled
+		val     []byte       // its new content
+		patched bool         // val is a buffer of the transaction's, not a piece
+		chunks  int
+	)
+	store := func() error {
+		if cur == ^uint64(0) {
+			return nil
+		}
+		return tx.set(tx.key64(recChunk, n.Ino, cur), val)
+	}
+	for _, sp := range spans {
+		d := data[:sp.Len]
+		data = data[sp.Len:]
+		end := sp.Off + uint64(sp.Len)
+		for pos := sp.Off; pos < end; {
+			ci := pos / ChunkSize
+			cs := ci * ChunkSize
+			s0, e0 := pos-cs, min(end-cs, ChunkSize)
+			piece := d[pos-sp.Off : pos-sp.Off+(e0-s0)]
+			pos = cs + e0
+			if ci != cur {
+				if err := store(); err != nil {
+					return err
+				}
+				if chunks++; chunks > maxWriteChunks {
+					return wire.Errf(wire.CodeTooBig, "a write may touch at most %d chunks of %d bytes", maxWriteChunks, ChunkSize)
+				}
+				cur, patched = ci, false
+				// chunks never hold bytes past Size, so this bounds what exists
+				var existing uint64
+				if cs < n.Size {
+					existing = min(n.Size-cs, ChunkSize)
+				}
+				if s0 == 0 && e0 >= existing {
+					val = piece
+					continue
+				}
+				val = tx.chunkBuf()[:0]
+				if existing > 0 {
+					if _, err := tx.get(tx.key64(recChunk, n.Ino, ci), func(v []byte) error {
+						val = append(val, v...)
+						return nil
+					}); err != nil {
+						return err
+					}
+				}
+				patched = true
+			} else if !patched {
+				val = append(tx.chunkBuf()[:0], val...)
+				patched = true
+			}
+			have := uint64(len(val))
+			if have < e0 {
+				val = val[:e0] // within the chunk buffer's capacity
+			}
+			if have < s0 {
+				clear(val[have:s0])
+			}
+			copy(val[s0:e0], piece)
+		}
+	}
+	return store()
 }
 
 // truncate drops n's data past size (at most about deleteBatch chunks; shrink

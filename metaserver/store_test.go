@@ -401,7 +401,7 @@ func TestStoreWriteSetAttr(t *testing.T) {
 	s := newStore(t)
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o600, 0, 0, 0, 1))
 	in := SetAttrIn{Valid: wire.SetMode | wire.SetUid | wire.SetMtime | wire.SetCtime, Mode: 0o644, Uid: 7, Mtime: 222, Ctime: 333}
-	a := must[Attr](t)(s.WriteSetAttr(f.Ino, 0, []byte("hello"), in, 5))
+	a := must[Attr](t)(s.WriteSetAttr(f.Ino, SpanAt(0, []byte("hello")), []byte("hello"), in, 5))
 	if a.Size != 5 || a.Version != f.Version+1 || a.Mode != reg|0o644 || a.Uid != 7 || a.Mtime != 222 || a.Ctime != 333 {
 		t.Fatalf("write with attributes: %+v", a)
 	}
@@ -409,14 +409,72 @@ func TestStoreWriteSetAttr(t *testing.T) {
 		t.Fatalf("stored %+v, replied %+v", got, a)
 	}
 	// no data: the attributes alone, the version unchanged
-	a = must[Attr](t)(s.WriteSetAttr(f.Ino, 0, nil, SetAttrIn{Valid: wire.SetGid, Gid: 9}, 6))
+	a = must[Attr](t)(s.WriteSetAttr(f.Ino, nil, nil, SetAttrIn{Valid: wire.SetGid, Gid: 9}, 6))
 	if a.Gid != 9 || a.Size != 5 || a.Version != f.Version+1 || a.Ctime != 6 {
 		t.Fatalf("empty write with attributes: %+v", a)
 	}
-	_, err := s.WriteSetAttr(f.Ino, 0, []byte("x"), SetAttrIn{Valid: wire.SetSize | wire.SetMode, Size: 0}, 7)
+	_, err := s.WriteSetAttr(f.Ino, SpanAt(0, []byte("x")), []byte("x"), SetAttrIn{Valid: wire.SetSize | wire.SetMode, Size: 0}, 7)
 	wantCode(t, err, wire.CodeInvalid)
 	if got := must[[]byte](t)(s.Read(f.Ino, 0, 100)); string(got) != "hello" {
 		t.Fatalf("a refused write changed the data: %q", got)
+	}
+}
+
+// TestStoreWriteSpans: a vectored write gives the file a plain write of
+// each span would, over stored bytes, holes and the end of the file, with
+// several spans in one chunk and spans across chunks; malformed spans and
+// writes touching too many chunks change nothing.
+func TestStoreWriteSpans(t *testing.T) {
+	s := newStore(t)
+	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
+	r := rand.New(rand.NewPCG(7, 8))
+	var model []byte
+	for round := range 200 {
+		var spans []wire.Span
+		var data []byte
+		off := uint64(r.IntN(3 * ChunkSize))
+		for range 1 + r.IntN(12) {
+			n := 1 + r.IntN(ChunkSize/2)
+			if r.IntN(3) == 0 {
+				n = 1 + r.IntN(64)
+			}
+			spans = append(spans, wire.Span{Off: off, Len: uint32(n)})
+			for range n {
+				data = append(data, byte(r.Uint32()))
+			}
+			off += uint64(n) + uint64(r.IntN(3)*r.IntN(ChunkSize/4))
+		}
+		a := must[Attr](t)(s.WriteSetAttr(f.Ino, spans, data, SetAttrIn{}, int64(round+2)))
+		rest := data
+		for _, sp := range spans {
+			end := sp.Off + uint64(sp.Len)
+			if uint64(len(model)) < end {
+				model = append(model, make([]byte, end-uint64(len(model)))...)
+			}
+			copy(model[sp.Off:end], rest[:sp.Len])
+			rest = rest[sp.Len:]
+		}
+		if a.Size != uint64(len(model)) {
+			t.Fatalf("round %d: size %d, want %d", round, a.Size, len(model))
+		}
+		if got := must[[]byte](t)(s.Read(f.Ino, 0, len(model)+10)); !bytes.Equal(got, model) {
+			t.Fatalf("round %d: the file differs from its model (spans %v)", round, spans)
+		}
+	}
+	before := must[Attr](t)(s.GetAttr(f.Ino))
+	_, err := s.WriteSetAttr(f.Ino, []wire.Span{{Off: 0, Len: 4}}, []byte("abc"), SetAttrIn{}, 1000)
+	wantCode(t, err, wire.CodeInvalid)
+	var far []wire.Span
+	for i := range maxWriteChunks + 1 {
+		far = append(far, wire.Span{Off: uint64(i) * ChunkSize, Len: 1})
+	}
+	_, err = s.WriteSetAttr(f.Ino, far, make([]byte, len(far)), SetAttrIn{}, 1000)
+	wantCode(t, err, wire.CodeTooBig)
+	if after := must[Attr](t)(s.GetAttr(f.Ino)); after != before {
+		t.Fatalf("refused writes changed the file: %+v, was %+v", after, before)
+	}
+	if got := must[[]byte](t)(s.Read(f.Ino, 0, len(model)+10)); !bytes.Equal(got, model) {
+		t.Fatal("refused writes changed the data")
 	}
 }
 

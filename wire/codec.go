@@ -12,7 +12,7 @@ import (
 
 // Version is the body encoding version. A peer with another version gets
 // ErrVersion and a clear message instead of garbage.
-const Version = 1
+const Version = 2
 
 // Bounds on variable-length fields.
 const (
@@ -22,6 +22,7 @@ const (
 	MaxEntries = 4096
 	MaxXattr   = 64 << 10
 	MaxList    = 64 << 10
+	MaxSpans   = 1024 // ranges of one vectored write
 )
 
 var (
@@ -30,6 +31,7 @@ var (
 	ErrTooLarge = errors.New("wire: field exceeds its bound")
 	ErrTrailing = errors.New("wire: trailing bytes after message")
 	ErrUnknown  = errors.New("wire: unknown operation")
+	ErrBadSpans = errors.New("wire: bad write spans")
 )
 
 // enc appends fixed-width little-endian fields.

@@ -253,7 +253,39 @@ type Request struct {
 	// this one: every change before it is finished for the client.
 	Oldest uint64
 	Lk     PosixLk
-	Data   []byte
+	// Spans, if set, make an OpWrite a vectored write: Data holds these
+	// ranges' bytes one after another (ascending, disjoint ranges; Off is
+	// unused). A client flushing scattered buffered writes sends them in
+	// a few requests instead of one per write.
+	Spans []Span
+	Data  []byte
+}
+
+// Span is one range of a vectored write.
+type Span struct {
+	Off uint64
+	Len uint32
+}
+
+// checkSpans checks that spans are ascending, disjoint, non-empty ranges
+// that together hold n bytes.
+func checkSpans(spans []Span, n int) error {
+	if len(spans) == 0 {
+		return nil
+	}
+	total := 0
+	var end uint64
+	for i, sp := range spans {
+		if sp.Len == 0 || sp.Off+uint64(sp.Len) < sp.Off || (i > 0 && sp.Off < end) {
+			return fmt.Errorf("%w: span %d (%d+%d) is empty, wraps or overlaps the one before", ErrBadSpans, i, sp.Off, sp.Len)
+		}
+		end = sp.Off + uint64(sp.Len)
+		total += int(sp.Len)
+	}
+	if total != n {
+		return fmt.Errorf("%w: spans hold %d bytes, data has %d", ErrBadSpans, total, n)
+	}
+	return nil
 }
 
 // Append encodes r after b.
@@ -283,6 +315,11 @@ func (r *Request) Append(b []byte) []byte {
 	e.u64(r.ReqID)
 	e.u64(r.Oldest)
 	e.lk(&r.Lk)
+	e.u32(uint32(len(r.Spans)))
+	for _, sp := range r.Spans {
+		e.u64(sp.Off)
+		e.u32(sp.Len)
+	}
 	e.bytes(r.Data)
 	return e.b
 }
@@ -315,8 +352,17 @@ func ParseRequest(b []byte) (*Request, error) {
 	r.ReqID = d.u64()
 	r.Oldest = d.u64()
 	d.lk(&r.Lk)
+	if n := d.count(MaxSpans, 12); n > 0 {
+		r.Spans = make([]Span, n)
+		for i := range r.Spans {
+			r.Spans[i] = Span{Off: d.u64(), Len: d.u32()}
+		}
+	}
 	r.Data = d.bytes(MaxData)
 	if err := d.end(); err != nil {
+		return nil, err
+	}
+	if err := checkSpans(r.Spans, len(r.Data)); err != nil {
 		return nil, err
 	}
 	if !r.Op.Valid() {

@@ -11,7 +11,7 @@ func sampleRequest() *Request {
 	return &Request{Op: OpRename, Ino: 7, Parent: 1, NewPar: 2, Name: "a", NewName: "b",
 		Mode: 0o644, Uid: 1000, Flags: 3, Off: 1 << 40, Size: 4096, Atime: -5,
 		LockMode: LockExclusive, Version: 9, Lk: PosixLk{Flock: true, Type: 1, Start: 1, End: 9, Pid: 4, Owner: 77},
-		Data: []byte("hello")}
+		Spans: []Span{{Off: 3, Len: 2}, {Off: 8, Len: 3}}, Data: []byte("hello")}
 }
 
 func TestRequestRoundTrip(t *testing.T) {
@@ -60,6 +60,19 @@ func TestRejects(t *testing.T) {
 	huge = huge[:len(huge)-4]
 	huge = append(huge, 0xff, 0xff, 0xff, 0x7f)
 	cases["oversized data"] = huge
+	for name, spans := range map[string][]Span{
+		"spans overlap":  {{Off: 0, Len: 3}, {Off: 2, Len: 2}},
+		"spans descend":  {{Off: 8, Len: 3}, {Off: 0, Len: 2}},
+		"span empty":     {{Off: 0, Len: 0}, {Off: 8, Len: 5}},
+		"spans short":    {{Off: 0, Len: 4}},
+		"spans long":     {{Off: 0, Len: 4}, {Off: 4, Len: 2}},
+		"span wraps":     {{Off: 1<<64 - 2, Len: 5}},
+		"too many spans": make([]Span, MaxSpans+1),
+	} {
+		r := sampleRequest()
+		r.Spans = spans
+		cases[name] = r.Append(nil)
+	}
 	for name, b := range cases {
 		if _, err := ParseRequest(b); err == nil {
 			t.Errorf("%s: parsed without error", name)

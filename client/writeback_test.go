@@ -1,0 +1,100 @@
+package client
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/leasefs/leasefs/wire"
+)
+
+// TestDirtyFileWrites: buffered writes, overlapping or not, leave disjoint
+// ascending extents holding what the writes made in their order, and the
+// requests a flush packs them into carry exactly those bytes within a
+// request's bounds.
+func TestDirtyFileWrites(t *testing.T) {
+	noise := make([]byte, 4*flushChunk)
+	for i := range noise {
+		noise[i] = byte(i*7 + i>>11)
+	}
+	ones := bytes.Repeat([]byte{1}, 4*flushChunk)
+	for seed := range uint64(30) {
+		r := rand.New(rand.NewPCG(seed, 9))
+		var f dirtyFile
+		var model, dirty []byte // the file's bytes and which of them were written
+		size := 1 + r.IntN(32<<20)
+		for range 1 + r.IntN(1000) {
+			off, n := r.IntN(size), 1+r.IntN(4096)
+			switch {
+			case seed%2 == 1: // random pages, as a database or the perf suite writes
+				off, n = off&^4095, 4096
+			case r.IntN(4) == 0:
+				n = 1 + r.IntN(2*flushChunk)
+			case r.IntN(3) == 0 && len(f.extents) > 0: // continue the last extent
+				off = int(f.extents[len(f.extents)-1].end())
+			}
+			k := r.IntN(len(noise) - n)
+			data := noise[k : k+n : k+n]
+			f.add(uint64(off), data)
+			if len(model) < off+n {
+				model = append(model, make([]byte, off+n-len(model))...)
+				dirty = append(dirty, make([]byte, off+n-len(dirty))...)
+			}
+			copy(model[off:], data)
+			copy(dirty[off:off+n], ones)
+		}
+		image := make([]byte, len(model))
+		written := make([]byte, len(model))
+		var prevEnd uint64
+		total := 0
+		for i, e := range f.extents {
+			if len(e.data) == 0 || (i > 0 && e.off < prevEnd) {
+				t.Fatalf("seed %d: extent %d (%d+%d) is empty or not after the one before (end %d)", seed, i, e.off, len(e.data), prevEnd)
+			}
+			prevEnd = e.end()
+			copy(image[e.off:], e.data)
+			copy(written[e.off:e.end()], ones)
+			total += len(e.data)
+		}
+		if !bytes.Equal(written, dirty) || !bytes.Equal(image, model) || total != f.bytes {
+			t.Fatalf("seed %d: extents differ from the writes (bytes %d, counted %d)", seed, total, f.bytes)
+		}
+
+		sent := make([]byte, len(model))
+		var last uint64
+		for i, req := range packWrites(1, f.extents) {
+			spans := req.Spans
+			if spans == nil {
+				spans = []wire.Span{{Off: req.Off, Len: uint32(len(req.Data))}}
+			} else if len(spans) == 1 {
+				t.Fatalf("seed %d: request %d is a vectored write of one span", seed, i)
+			}
+			if len(req.Data) > flushChunk || len(spans) > wire.MaxSpans {
+				t.Fatalf("seed %d: request %d carries %d bytes in %d spans", seed, i, len(req.Data), len(spans))
+			}
+			// what the server checks: ascending, disjoint, the data's length
+			if _, err := wire.ParseRequest(req.Append(nil)); err != nil {
+				t.Fatalf("seed %d: request %d: %v", seed, i, err)
+			}
+			chunks := map[uint64]bool{}
+			data := req.Data
+			for _, sp := range spans {
+				if sp.Off < last {
+					t.Fatalf("seed %d: request %d is not after the one before", seed, i)
+				}
+				last = sp.Off + uint64(sp.Len)
+				copy(sent[sp.Off:], data[:sp.Len])
+				data = data[sp.Len:]
+				for c := sp.Off / serverChunk; c <= (last-1)/serverChunk; c++ {
+					chunks[c] = true
+				}
+			}
+			if len(chunks) > maxRequestChunks {
+				t.Fatalf("seed %d: request %d touches %d chunks", seed, i, len(chunks))
+			}
+		}
+		if !bytes.Equal(sent, image) {
+			t.Fatalf("seed %d: the requests carry other bytes than the extents", seed)
+		}
+	}
+}
