@@ -38,6 +38,10 @@ type entry struct {
 	// noXattrs: the inode has no extended attributes (the client created
 	// it under its lock and has set none since).
 	noXattrs bool
+	// opens counts handles opened without the server (OpenLocally);
+	// removing counts removals of the file this client has in flight,
+	// during which it opens nothing locally.
+	opens, removing int
 }
 
 // Cache holds what the client may serve without asking the server.
@@ -137,11 +141,15 @@ func (c *Cache) mayCache(e *entry, ino ids.Ino) bool {
 // evictIfFull drops an arbitrary other inode when over the bound; the
 // client releases its lock at the server (TakeEvicted).
 func (c *Cache) evictIfFull(keep ids.Ino) {
-	for len(c.inodes) > c.max {
+	for evicted := true; evicted && len(c.inodes) > c.max; {
+		evicted = false
 		for ino, e := range c.inodes {
-			if ino == keep || e.changing > 0 {
+			// a file opened locally keeps its lock: giving it back would
+			// have to tell the server of the opens first
+			if ino == keep || e.changing > 0 || e.opens > 0 {
 				continue
 			}
+			evicted = true
 			if e.mode != wire.LockNone {
 				c.evicted = append(c.evicted, wire.Grant{Ino: ino, Mode: e.mode, Seq: e.seq})
 			}
@@ -174,6 +182,58 @@ func (c *Cache) Revoke(ino ids.Ino, to wire.LockMode, seq uint64) bool {
 		c.setMode(e, to)
 	}
 	return true
+}
+
+// OpenLocally counts an open of ino that the server is not asked for and
+// returns ino's attributes: allowed while the client holds a lock on ino
+// and knows them, since nobody can remove the file without revoking the
+// lock first, and the revocation's acknowledgement tells the server of the
+// opens (TakeOpens).
+func (c *Cache) OpenLocally(ino ids.Ino) (*wire.Attr, bool) {
+	e := c.inodes[ino]
+	if e == nil || e.mode == wire.LockNone || e.attr == nil || e.removing > 0 {
+		return nil, false
+	}
+	e.opens++
+	c.hits++
+	cp := *e.attr
+	return &cp, true
+}
+
+// CloseLocally uncounts a local open of ino; false if there is none, and
+// the server must be told of the close.
+func (c *Cache) CloseLocally(ino ids.Ino) bool {
+	if e := c.inodes[ino]; e != nil && e.opens > 0 {
+		e.opens--
+		return true
+	}
+	return false
+}
+
+// TakeOpens returns ino's local opens and forgets them: the caller tells
+// the server of them. With removing set, ino gets no local opens until
+// EndRemove: the file may lose its last link.
+func (c *Cache) TakeOpens(ino ids.Ino, removing bool) uint32 {
+	e := c.inodes[ino]
+	if e == nil {
+		if !removing {
+			return 0
+		}
+		e = c.get(ino)
+	}
+	n := e.opens
+	e.opens = 0
+	if removing {
+		e.removing++
+	}
+	return uint32(n)
+}
+
+// EndRemove ends a removal begun with TakeOpens.
+func (c *Cache) EndRemove(ino ids.Ino) {
+	if e := c.inodes[ino]; e != nil && e.removing > 0 {
+		e.removing--
+	}
 }
 
 // Mode returns the lock the client holds on ino.

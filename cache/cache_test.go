@@ -104,3 +104,57 @@ func TestCompleteDirectory(t *testing.T) {
 		t.Fatal("directory still complete after its lock was revoked")
 	}
 }
+
+// TestLocalOpens: a file is opened locally only under a lock with its
+// attributes known and no removal in flight; a downgrade keeps the opens,
+// losing the lock hands them over (TakeOpens), and eviction passes over a
+// file with local opens.
+func TestLocalOpens(t *testing.T) {
+	c := New(2)
+	if _, ok := c.OpenLocally(5); ok {
+		t.Fatal("opened locally without a lock")
+	}
+	c.Granted(wire.Grant{Ino: 5, Mode: wire.LockExclusive, Seq: 1})
+	if _, ok := c.OpenLocally(5); ok {
+		t.Fatal("opened locally without attributes")
+	}
+	c.SetAttr(&wire.Attr{Ino: 5, Size: 3})
+	for range 2 {
+		if a, ok := c.OpenLocally(5); !ok || a.Size != 3 {
+			t.Fatalf("local open under X: %v %v", a, ok)
+		}
+	}
+	if !c.CloseLocally(5) {
+		t.Fatal("local close refused")
+	}
+	c.Revoke(5, wire.LockShared, 2)
+	if _, ok := c.OpenLocally(5); !ok {
+		t.Fatal("no local open under S")
+	}
+	// two locks more than the cache holds: the open file keeps its lock
+	c.Granted(wire.Grant{Ino: 6, Mode: wire.LockShared, Seq: 3})
+	c.Granted(wire.Grant{Ino: 7, Mode: wire.LockShared, Seq: 4})
+	if m, _ := c.Mode(5); m != wire.LockShared {
+		t.Fatal("the lock of a file with local opens was evicted")
+	}
+	if n := c.TakeOpens(5, true); n != 2 {
+		t.Fatalf("TakeOpens = %d, want 2", n)
+	}
+	if _, ok := c.OpenLocally(5); ok {
+		t.Fatal("opened locally during a removal")
+	}
+	if c.CloseLocally(5) {
+		t.Fatal("a close after TakeOpens stayed local")
+	}
+	c.EndRemove(5)
+	if _, ok := c.OpenLocally(5); !ok {
+		t.Fatal("no local open after the removal")
+	}
+	c.Revoke(5, wire.LockNone, 5)
+	if _, ok := c.OpenLocally(5); ok {
+		t.Fatal("opened locally after the lock was revoked")
+	}
+	if n := c.TakeOpens(5, false); n != 1 {
+		t.Fatalf("TakeOpens after revocation = %d, want 1", n)
+	}
+}

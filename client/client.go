@@ -436,7 +436,11 @@ func (c *Client) onCallback(ctx context.Context, body []byte) []byte {
 	if cb.Kind == wire.CallbackRevoke {
 		c.Counters.Revocations.Add(1)
 		c.mu.Lock()
-		c.cache.Revoke(cb.Ino, cb.Mode, cb.Seq) // stops buffering
+		c.cache.Revoke(cb.Ino, cb.Mode, cb.Seq) // stops buffering and local opens
+		var opens uint32
+		if cb.Mode == wire.LockNone {
+			opens = c.cache.TakeOpens(cb.Ino, false)
+		}
 		c.mu.Unlock()
 		// Buffered writes reach the server before the lock goes: the
 		// next holder must read them.
@@ -449,6 +453,7 @@ func (c *Client) onCallback(ctx context.Context, body []byte) []byte {
 		if cb.Mode == wire.LockNone {
 			c.Invalidate(cb.Ino)
 		}
+		return (&wire.Reply{Opens: opens}).Append(nil)
 	}
 	return (&wire.Reply{}).Append(nil)
 }

@@ -204,7 +204,11 @@ func (c *Client) Link(ctx context.Context, ino, newParent ids.Ino, name string) 
 // Unlink removes a non-directory entry.
 func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error {
 	child, _ := c.Lookup(ctx, parent, name)
-	_, err := c.call(ctx, &wire.Request{Op: wire.OpUnlink, Parent: parent, Name: name},
+	req := &wire.Request{Op: wire.OpUnlink, Parent: parent, Name: name}
+	if child != nil {
+		defer c.removing(req, child.Ino)()
+	}
+	_, err := c.call(ctx, req,
 		func(ch *cache.Cache, rep *wire.Reply) {
 			if rep.Code == wire.CodeOK {
 				entryChanged(ch, parent, name, 0, rep.Attr2)
@@ -217,6 +221,20 @@ func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error 
 		c.forget(child.Ino) // its link count changed
 	}
 	return err
+}
+
+// removing makes req, which may remove ino's last link, tell the server of
+// the handles this client opened on ino locally, and opens none until the
+// function it returns is called.
+func (c *Client) removing(req *wire.Request, ino ids.Ino) func() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	req.Ino, req.Opens = ino, c.cache.TakeOpens(ino, true)
+	return func() {
+		c.mu.Lock()
+		c.cache.EndRemove(ino)
+		c.mu.Unlock()
+	}
 }
 
 // Rmdir removes an empty directory.
@@ -238,7 +256,11 @@ func (c *Client) Rename(ctx context.Context, parent ids.Ino, name string, newPar
 	moved, _ := c.Lookup(ctx, parent, name)
 	target, _ := c.Lookup(ctx, newParent, newName)
 	const renameExchange = 2 // RENAME_EXCHANGE
-	_, err := c.call(ctx, &wire.Request{Op: wire.OpRename, Parent: parent, Name: name, NewPar: newParent, NewName: newName, Flags: flags},
+	req := &wire.Request{Op: wire.OpRename, Parent: parent, Name: name, NewPar: newParent, NewName: newName, Flags: flags}
+	if target != nil && flags&renameExchange == 0 {
+		defer c.removing(req, target.Ino)()
+	}
+	_, err := c.call(ctx, req,
 		func(ch *cache.Cache, rep *wire.Reply) {
 			if rep.Code != wire.CodeOK {
 				return
@@ -275,9 +297,21 @@ func (c *Client) ReadDir(ctx context.Context, dir ids.Ino, after uint64, max int
 	return rep.Entries, nil
 }
 
-// Open registers an open handle (so an unlinked open file keeps its data).
+// Open opens ino. The server counts open handles (so an unlinked open
+// file keeps its data), but need not hear of an open made under a lock the
+// client holds: nobody can remove the file without revoking the lock, and
+// the client reports such opens when it gives the lock up
+// (cache.OpenLocally).
 func (c *Client) Open(ctx context.Context, ino ids.Ino, flags uint32) (*wire.Attr, error) {
-	if flags&syscall.O_TRUNC != 0 {
+	if flags&syscall.O_TRUNC == 0 {
+		var a *wire.Attr
+		if c.cached(func(ch *cache.Cache) (ok bool) {
+			a, ok = ch.OpenLocally(ino)
+			return ok
+		}) {
+			return a, nil
+		}
+	} else {
 		// what this client buffered came before the truncation
 		if err := c.Flush(ctx, ino); err != nil {
 			return nil, err
@@ -289,6 +323,12 @@ func (c *Client) Open(ctx context.Context, ino ids.Ino, flags uint32) (*wire.Att
 
 // Release drops an open handle.
 func (c *Client) Release(ctx context.Context, ino ids.Ino) error {
+	c.mu.Lock()
+	local := c.cache.CloseLocally(ino)
+	c.mu.Unlock()
+	if local {
+		return nil
+	}
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpRelease, Ino: ino})
 	return err
 }

@@ -481,3 +481,71 @@ func TestBufferedAttrs(t *testing.T) {
 		t.Fatalf("B reads %q %v after a truncating open", data, err)
 	}
 }
+
+// serverOpenFiles returns how many open handles the server counts for a
+// mount's client (admin clients).
+func serverOpenFiles(t *testing.T, adminAddr, client string) int {
+	t.Helper()
+	var cs []struct {
+		Client    string `json:"client"`
+		OpenFiles int    `json:"open_files"`
+	}
+	out := admin(t, "--server", adminAddr, "--json", "clients")
+	must(t, json.Unmarshal([]byte(out), &cs))
+	for _, c := range cs {
+		if c.Client == client {
+			return c.OpenFiles
+		}
+	}
+	t.Fatalf("server lists no client %s:\n%s", client, out)
+	return 0
+}
+
+// TestOpenUnderLock: a mount opens a file it holds a lock on without asking
+// the server. When the file is then removed, by another mount (whose unlink
+// revokes the lock: the acknowledgement reports the open) or by this one
+// (the unlink reports it), the server counts the open: the file keeps its
+// data while open, and its close ends the count.
+func TestOpenUnderLock(t *testing.T) {
+	adminAddr := freeTCPAddr(t)
+	s := startServer(t, "--admin", adminAddr)
+	a, b := startMount(t, s), startMount(t, s)
+	idA, _ := mountClient(t, a)
+
+	for _, remover := range []*mount{b, a} {
+		name := "by-" + filepath.Base(filepath.Dir(remover.dir))
+		p := filepath.Join(a.dir, name)
+		must(t, os.WriteFile(p, []byte("hello"), 0o644))
+		before := mountStatus(t, a.dir)
+		f, err := os.OpenFile(p, os.O_RDWR, 0)
+		must(t, err)
+		if got := mountStatus(t, a.dir).Requests - before.Requests; got != 0 {
+			t.Errorf("an open under the mount's lock asked the server %d times", got)
+		}
+		if n := serverOpenFiles(t, adminAddr, idA); n != 0 {
+			t.Errorf("the server counts %d open files of a mount that opened locally, want 0", n)
+		}
+		must(t, os.Remove(filepath.Join(remover.dir, name)))
+		if n := serverOpenFiles(t, adminAddr, idA); n != 1 {
+			t.Fatalf("after the unlink the server counts %d open files of the mount, want 1", n)
+		}
+		if exists(p) {
+			t.Fatalf("%s still exists after its unlink", p)
+		}
+		buf := make([]byte, 5)
+		if _, err := f.ReadAt(buf, 0); err != nil || string(buf) != "hello" {
+			t.Fatalf("read of the open, unlinked file: %q, %v", buf, err)
+		}
+		_, err = f.WriteAt([]byte("HE"), 0)
+		must(t, err)
+		must(t, f.Sync())
+		if _, err := f.ReadAt(buf, 0); err != nil || string(buf) != "HEllo" {
+			t.Fatalf("read back of the open, unlinked file: %q, %v", buf, err)
+		}
+		must(t, f.Close())
+		// the last close of an unlinked file purges it (metaserver closeHandle)
+		waitFor(t, 5*time.Second, "the close to reach the server", func() bool {
+			return serverOpenFiles(t, adminAddr, idA) == 0
+		})
+	}
+}

@@ -116,7 +116,9 @@ func TestAdminAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c1.Open(ctx, fa.Ino, syscall.O_RDWR); err != nil {
+	// O_TRUNC: an open the server counts (under a lock the client holds,
+	// others are made locally)
+	if _, err := c1.Open(ctx, fa.Ino, syscall.O_RDWR|syscall.O_TRUNC); err != nil {
 		t.Fatal(err)
 	}
 	if err := c1.Write(ctx, fa.Ino, 0, []byte("hello"), false); err != nil {

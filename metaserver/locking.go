@@ -224,6 +224,10 @@ func (m *lockMgr) revoke(r locks.Revoke) {
 		if rep, err = wire.ParseReply(raw); err == nil {
 			err = rep.Err()
 		}
+		if err == nil {
+			// counted while the lock still protects the file
+			m.s.openedLocally(r.Client, r.Ino, rep.Opens)
+		}
 	}
 	m.s.observeRevocation(time.Since(start), err == nil)
 	if err != nil {

@@ -164,6 +164,11 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 	if o, ok := changeOrigin(sess, r); ok {
 		st = st.For(o)
 	}
+	if r.Opens > 0 && r.Ino != 0 {
+		// handles the client opened under its lock: counted before the
+		// request can remove the file
+		s.openHandle(sess, r.Ino, int(r.Opens))
+	}
 	switch r.Op {
 	case wire.OpRenew:
 		return &wire.Reply{}
@@ -202,7 +207,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 				if err == nil && r.Flags&wire.CreateOpen != 0 {
 					// Counted while the parent's X lock keeps anyone
 					// from unlinking the new file.
-					s.openHandle(sess, a.Ino)
+					s.openHandle(sess, a.Ino, 1)
 				}
 				return s.withDirAttr(attrReply(a, err), r.Parent)
 			case wire.OpMkdir:
@@ -294,7 +299,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		return s.underLocks(ctx, sess, want, func() *wire.Reply {
 			// Count the handle before reading the inode: once counted,
 			// an unlink elsewhere can no longer purge it.
-			s.openHandle(sess, r.Ino)
+			s.openHandle(sess, r.Ino, 1)
 			a, err := st.GetAttr(r.Ino)
 			if err != nil {
 				s.releaseHandle(sess, r.Ino)
@@ -478,7 +483,7 @@ func (s *Server) replayed(sess *session, r *wire.Request) (*wire.Reply, bool) {
 	case wire.OpCreate, wire.OpMkdir, wire.OpSymlink:
 		a, err := s.store.Lookup(r.Parent, r.Name)
 		if err == nil && r.Op == wire.OpCreate && r.Flags&wire.CreateOpen != 0 {
-			s.openHandle(sess, a.Ino)
+			s.openHandle(sess, a.Ino, 1)
 		}
 		return attrReply(a, err), true
 	case wire.OpWrite, wire.OpSetAttr, wire.OpLink:

@@ -373,13 +373,28 @@ func (s *Server) forgetSession(sess *session) {
 	s.tr.ForgetSession(sess.client, sess.id)
 }
 
-func (s *Server) openHandle(sess *session, ino ids.Ino) {
+// openHandle counts n open handles of the session on ino.
+func (s *Server) openHandle(sess *session, ino ids.Ino, n int) {
 	sess.mu.Lock()
-	sess.openHandle[ino]++
+	sess.openHandle[ino] += n
 	sess.mu.Unlock()
 	s.mu.Lock()
-	s.opens[ino]++
+	s.opens[ino] += n
 	s.mu.Unlock()
+}
+
+// openedLocally counts the handles a client opened on ino under its data
+// lock without asking, reported as it gives the lock up (wire.Reply.Opens).
+func (s *Server) openedLocally(c ids.ClientID, ino ids.Ino, n uint32) {
+	if n == 0 || ino == 0 {
+		return
+	}
+	s.mu.Lock()
+	sess := s.sessions[c]
+	s.mu.Unlock()
+	if sess != nil {
+		s.openHandle(sess, ino, int(n))
+	}
 }
 
 // releaseHandle drops one of the session's handles on ino.

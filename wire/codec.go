@@ -22,7 +22,8 @@ const (
 	MaxEntries = 4096
 	MaxXattr   = 64 << 10
 	MaxList    = 64 << 10
-	MaxSpans   = 1024 // ranges of one vectored write
+	MaxSpans   = 1024    // ranges of one vectored write
+	MaxOpens   = 1 << 20 // handles of one file a client reports at once
 )
 
 var (

@@ -252,7 +252,13 @@ type Request struct {
 	// Oldest is the oldest change the client had in flight when it made
 	// this one: every change before it is finished for the client.
 	Oldest uint64
-	Lk     PosixLk
+	// Opens is how many handles the client opened on Ino under its data
+	// lock without telling the server (OpenedLocally). The server counts
+	// them as opened before it executes the request, so that the file
+	// outlives its last link while they are open: the client sends them
+	// when it removes the file itself (OpUnlink, OpRename over it).
+	Opens uint32
+	Lk    PosixLk
 	// Spans, if set, make an OpWrite a vectored write: Data holds these
 	// ranges' bytes one after another (ascending, disjoint ranges; Off is
 	// unused). A client flushing scattered buffered writes sends them in
@@ -314,6 +320,7 @@ func (r *Request) Append(b []byte) []byte {
 	e.u64(r.Version)
 	e.u64(r.ReqID)
 	e.u64(r.Oldest)
+	e.u32(r.Opens)
 	e.lk(&r.Lk)
 	e.u32(uint32(len(r.Spans)))
 	for _, sp := range r.Spans {
@@ -351,6 +358,7 @@ func ParseRequest(b []byte) (*Request, error) {
 	r.Version = d.u64()
 	r.ReqID = d.u64()
 	r.Oldest = d.u64()
+	r.Opens = d.u32()
 	d.lk(&r.Lk)
 	if n := d.count(MaxSpans, 12); n > 0 {
 		r.Spans = make([]Span, n)
@@ -370,6 +378,9 @@ func ParseRequest(b []byte) (*Request, error) {
 	}
 	if r.LockMode > LockExclusive {
 		return nil, fmt.Errorf("wire: bad lock mode %d", r.LockMode)
+	}
+	if r.Opens > MaxOpens {
+		return nil, fmt.Errorf("%w: %d open handles", ErrTooLarge, r.Opens)
 	}
 	return r, nil
 }
@@ -408,6 +419,7 @@ const (
 	hasGrant
 	hasLk
 	hasAttr2
+	hasOpens
 )
 
 // Reply is the server application's answer. Any reply, whatever its Code
@@ -424,6 +436,10 @@ type Reply struct {
 	StatFs  *StatFs
 	Grants  []Grant // data locks the server granted with this reply
 	Lk      *PosixLk
+	// Opens, in a revocation's acknowledgement, is how many handles the
+	// client opened locally on the inode under the lock it gave up (see
+	// Request.Opens): the server counts them before the lock goes.
+	Opens uint32
 }
 
 // Err returns the reply's error, nil for CodeOK.
@@ -479,6 +495,9 @@ func (r *Reply) Append(b []byte) []byte {
 	if r.Attr2 != nil {
 		mask |= hasAttr2
 	}
+	if r.Opens != 0 {
+		mask |= hasOpens
+	}
 	e.u16(mask)
 	if r.Attr != nil {
 		e.attr(r.Attr)
@@ -531,6 +550,9 @@ func (r *Reply) Append(b []byte) []byte {
 	}
 	if r.Lk != nil {
 		e.lk(r.Lk)
+	}
+	if r.Opens != 0 {
+		e.u32(r.Opens)
 	}
 	return e.b
 }
@@ -600,7 +622,12 @@ func ParseReply(b []byte) (*Reply, error) {
 		r.Lk = new(PosixLk)
 		d.lk(r.Lk)
 	}
-	if mask >= hasAttr2<<1 {
+	if mask&hasOpens != 0 {
+		if r.Opens = d.u32(); r.Opens > MaxOpens {
+			d.fail(fmt.Errorf("%w: %d open handles", ErrTooLarge, r.Opens))
+		}
+	}
+	if mask >= hasOpens<<1 {
 		d.fail(fmt.Errorf("wire: unknown reply sections %#x", mask))
 	}
 	if err := d.end(); err != nil {

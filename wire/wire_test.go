@@ -10,7 +10,7 @@ import (
 func sampleRequest() *Request {
 	return &Request{Op: OpRename, Ino: 7, Parent: 1, NewPar: 2, Name: "a", NewName: "b",
 		Mode: 0o644, Uid: 1000, Flags: 3, Off: 1 << 40, Size: 4096, Atime: -5,
-		LockMode: LockExclusive, Version: 9, Lk: PosixLk{Flock: true, Type: 1, Start: 1, End: 9, Pid: 4, Owner: 77},
+		LockMode: LockExclusive, Version: 9, Opens: 2, Lk: PosixLk{Flock: true, Type: 1, Start: 1, End: 9, Pid: 4, Owner: 77},
 		Spans: []Span{{Off: 3, Len: 2}, {Off: 8, Len: 3}}, Data: []byte("hello")}
 }
 
@@ -30,7 +30,7 @@ func TestReplyRoundTrip(t *testing.T) {
 		Entries: []DirEntry{{Name: "f", Ino: 3, Mode: 0o100644, Off: 2}}, Data: []byte{1, 2},
 		Names: []string{"user.a"}, Session: &Session{ID: 5, Server: 1, Tau: 2e9, Delta: 0.05, GraceEnd: 3},
 		StatFs: &StatFs{Blocks: 1, NameLen: 255}, Grants: []Grant{{Ino: 3, Mode: LockShared, Seq: 4}},
-		Lk: &PosixLk{Type: 1, End: 5}}
+		Lk: &PosixLk{Type: 1, End: 5}, Opens: 3}
 	out, err := ParseReply(in.Append(nil))
 	if err != nil {
 		t.Fatal(err)
@@ -73,6 +73,9 @@ func TestRejects(t *testing.T) {
 		r.Spans = spans
 		cases[name] = r.Append(nil)
 	}
+	tooMany := sampleRequest()
+	tooMany.Opens = MaxOpens + 1
+	cases["too many opens"] = tooMany.Append(nil)
 	for name, b := range cases {
 		if _, err := ParseRequest(b); err == nil {
 			t.Errorf("%s: parsed without error", name)
@@ -83,6 +86,9 @@ func TestRejects(t *testing.T) {
 	}
 	if _, err := ParseReply([]byte{Version, 0, 0, 0, 0, 0, 0, 0xff, 0xff}); err == nil {
 		t.Error("reply with unknown sections parsed")
+	}
+	if _, err := ParseReply((&Reply{Opens: MaxOpens + 1}).Append(nil)); err == nil {
+		t.Error("reply with too many opens parsed")
 	}
 }
 
