@@ -111,8 +111,12 @@ func entryChanged(ch *cache.Cache, dir ids.Ino, name string, child ids.Ino, dirA
 
 // createCall runs a create-like request and caches the new entry.
 func (c *Client) createCall(ctx context.Context, req *wire.Request) (*wire.Attr, error) {
+	openedLocally := false
 	rep, err := c.call(ctx, req, func(ch *cache.Cache, rep *wire.Reply) {
 		if rep.Code == wire.CodeOK && rep.Attr != nil {
+			if req.Flags&wire.CreateOpen != 0 && grants(rep, rep.Attr.Ino) {
+				_, openedLocally = ch.OpenLocally(rep.Attr.Ino)
+			}
 			entryChanged(ch, req.Parent, req.Name, rep.Attr.Ino, rep.Attr2)
 			// new, and ours under X: the kernel asks for
 			// security.capability before each write, and need not
@@ -130,7 +134,24 @@ func (c *Client) createCall(ctx context.Context, req *wire.Request) (*wire.Attr,
 	if rep.Attr == nil {
 		return nil, wire.Errf(wire.CodeIO, "%v reply without attributes", req.Op)
 	}
+	if req.Flags&wire.CreateOpen != 0 && grants(rep, rep.Attr.Ino) && !openedLocally {
+		// The server left counting the open to us, but a revocation
+		// overtook the grant: the server must count it after all.
+		if _, err := c.Call(ctx, &wire.Request{Op: wire.OpOpen, Ino: rep.Attr.Ino}); err != nil {
+			return nil, err
+		}
+	}
 	return rep.Attr, nil
+}
+
+// grants reports whether rep grants a lock on ino.
+func grants(rep *wire.Reply, ino ids.Ino) bool {
+	for _, g := range rep.Grants {
+		if g.Ino == ino {
+			return true
+		}
+	}
+	return false
 }
 
 // SetAttr changes attributes; req carries Valid and the values. A change

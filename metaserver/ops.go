@@ -196,6 +196,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		// EEXIST, or a resend answered from it): in a cluster it must be
 		// recovered here before it is read.
 		replayed := false
+		var newLock *wire.Grant
 		rep := s.withChild(ctx, sess, r.Parent, r.Name, locks.Shared, locks.Exclusive, func() *wire.Reply {
 			if rep, ok := s.replayed(sess, r); ok {
 				replayed = true
@@ -205,9 +206,15 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			case wire.OpCreate:
 				a, err := st.Create(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, r.Rdev, now)
 				if err == nil && r.Flags&wire.CreateOpen != 0 {
-					// Counted while the parent's X lock keeps anyone
-					// from unlinking the new file.
-					s.openHandle(sess, a.Ino, 1)
+					// The creator counts the open itself if it gets the
+					// new file's lock with the reply (cache.OpenLocally);
+					// else it is counted here, while the parent's X lock
+					// keeps anyone from unlinking the new file.
+					if g, ok := s.lockNew(ctx, sess, a.Ino); ok {
+						newLock = &g
+					} else {
+						s.openHandle(sess, a.Ino, 1)
+					}
 				}
 				return s.withDirAttr(attrReply(a, err), r.Parent)
 			case wire.OpMkdir:
@@ -215,15 +222,24 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			}
 			return s.withDirAttr(attrReply(st.Symlink(r.Parent, r.Name, r.Target, r.Uid, r.Gid, now)), r.Parent)
 		})
-		if rep.Attr != nil && !replayed {
+		createOpen := r.Op == wire.OpCreate && r.Flags&wire.CreateOpen != 0
+		switch {
+		case newLock != nil:
+			rep.Grants = append(rep.Grants, *newLock)
+		case rep.Attr == nil:
+		case !replayed && !createOpen:
 			// The creator may cache the new inode at once, as new
 			// (no extended attributes): nobody else can know it yet,
 			// so this never waits. Not for a resend answered from the
 			// current state: others may have known it meanwhile.
-			if h, err := s.lm.acquire(ctx, sess.client, rep.Attr.Ino, locks.Exclusive); err == nil {
-				s.lm.done(h)
-				rep.Grants = append(rep.Grants, wire.Grant{Ino: h.grant.Ino, Mode: wire.LockExclusive, Seq: h.grant.Seq})
+			if g, ok := s.lockNew(ctx, sess, rep.Attr.Ino); ok {
+				rep.Grants = append(rep.Grants, g)
 			}
+		case replayed && createOpen:
+			// a resend: the reply grants no lock, so the client takes
+			// the open as counted here (if the first execution counted
+			// it too, the file outlives an unlink until the session ends)
+			s.openHandle(sess, rep.Attr.Ino, 1)
 		}
 		return rep
 	case wire.OpReadlink:
@@ -444,6 +460,17 @@ func changeOrigin(sess *session, r *wire.Request) (Origin, bool) {
 		o.Ino = r.NewPar
 	}
 	return o, true
+}
+
+// lockNew gives the client an X lock on an inode it just created, which
+// nobody else can know yet (so this never waits).
+func (s *Server) lockNew(ctx context.Context, sess *session, ino ids.Ino) (wire.Grant, bool) {
+	h, err := s.lm.acquire(ctx, sess.client, ino, locks.Exclusive)
+	if err != nil {
+		return wire.Grant{}, false
+	}
+	s.lm.done(h)
+	return wire.Grant{Ino: h.grant.Ino, Mode: wire.LockExclusive, Seq: h.grant.Seq}, true
 }
 
 // once runs fn unless the store already applied r (replayed).
