@@ -379,6 +379,10 @@ func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, size int) ([
 	// Whole pages, so that what comes back can be cached.
 	start := off &^ (cache.PageSize - 1)
 	end := (off + uint64(size) + cache.PageSize - 1) &^ (cache.PageSize - 1)
+	if c.readAround(ino) {
+		start = off &^ (readAroundSize - 1)
+		end = max(end, start+readAroundSize)
+	}
 	rep, err := c.call(ctx, &wire.Request{Op: wire.OpRead, Ino: ino, Off: start, Size: end - start},
 		func(ch *cache.Cache, rep *wire.Reply) {
 			if rep.Code != wire.CodeOK || rep.Attr == nil {
@@ -393,6 +397,21 @@ func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, size int) ([
 	data = data[:min(len(data), size)]
 	c.readDone(ino, off, len(data))
 	return data, nil
+}
+
+// readAroundSize is what a read missing the cache fetches at least: the
+// server's chunk, which the server reads whole for any part of it.
+const readAroundSize = 64 << 10
+
+// readAround reports whether a read of ino that missed the cache should
+// fetch the whole aligned readAroundSize around it: when the file fits in
+// half the data cache, so that random reads of it soon hit the cache. (Of
+// a larger file, the pages around a random read would be evicted before
+// their turn came.)
+func (c *Client) readAround(ino ids.Ino) bool {
+	var a *wire.Attr
+	c.withCache(func(ch *cache.Cache) { a, _ = ch.Attr(ino) })
+	return a != nil && c.cfg.CacheBytes > 0 && int64(a.Size) <= c.cfg.CacheBytes/2
 }
 
 // Fsync returns once everything written so far is durable on the server.

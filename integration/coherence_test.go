@@ -550,3 +550,44 @@ func TestOpenUnderLock(t *testing.T) {
 		})
 	}
 }
+
+// TestReadAround: random page reads of a file that fits in the data cache
+// fetch the server's whole chunk around each miss, so that later reads
+// near it are served from the cache; another mount's write is still seen.
+func TestReadAround(t *testing.T) {
+	a, b := twoMounts(t)
+	const size = 1 << 20
+	want := make([]byte, size)
+	for i := range want {
+		want[i] = byte(i*13 + i>>12)
+	}
+	must(t, os.WriteFile(filepath.Join(b.dir, "f"), want, 0o644))
+	f, err := os.Open(filepath.Join(a.dir, "f"))
+	must(t, err)
+	defer f.Close()
+	pages := size / 4096
+	order := make([]int, pages)
+	for i := range order {
+		order[i] = (i*97 + 31) % pages // every page once, never two in a row nor the first (readahead)
+	}
+	before := mountStatus(t, a.dir)
+	buf := make([]byte, 4096)
+	for _, p := range order {
+		n, err := f.ReadAt(buf, int64(p*4096))
+		if err != nil || n != len(buf) || !bytes.Equal(buf, want[p*4096:(p+1)*4096]) {
+			t.Fatalf("read of page %d: %d bytes, %v, or wrong data", p, n, err)
+		}
+	}
+	// a lookup and a getattr may come first; then one read per 64 KiB
+	if got := mountStatus(t, a.dir).Requests - before.Requests; got > size/(64<<10)+4 {
+		t.Errorf("%d server requests for %d random page reads of a %d KiB file", got, pages, size>>10)
+	}
+	fb, err := os.OpenFile(filepath.Join(b.dir, "f"), os.O_WRONLY, 0)
+	must(t, err)
+	_, err = fb.WriteAt([]byte("changed"), 70000)
+	must(t, err)
+	must(t, fb.Close())
+	if _, err := f.ReadAt(buf[:7], 70000); err != nil || string(buf[:7]) != "changed" {
+		t.Fatalf("after another mount's write: %q, %v", buf[:7], err)
+	}
+}
