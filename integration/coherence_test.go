@@ -520,6 +520,7 @@ func TestOpenUnderLock(t *testing.T) {
 		before := mountStatus(t, a.dir)
 		f, err := os.OpenFile(p, os.O_RDWR, 0)
 		must(t, err)
+		defer f.Close() // an open file would keep the mount from unmounting
 		if got := mountStatus(t, a.dir).Requests - before.Requests; got != 0 {
 			t.Errorf("an open under the mount's lock asked the server %d times", got)
 		}
