@@ -46,13 +46,15 @@ type entry struct {
 
 // Cache holds what the client may serve without asking the server.
 type Cache struct {
-	inodes   map[ids.Ino]*entry
-	locked   int // entries with a lock, so HoldsLocks is O(1) on the renewal tick
-	max      int
-	evicted  []wire.Grant
-	hits     int64
-	misses   int64
-	maxNames int
+	inodes  map[ids.Ino]*entry
+	locked  int // entries with a lock, so HoldsLocks is O(1) on the renewal tick
+	max     int
+	evicted []wire.Grant
+	hits    int64
+	misses  int64
+	// names counts the cached directory entries, at most maxNames over
+	// all directories (each costs ~100 bytes)
+	names, maxNames int
 
 	// covered, during ApplyReply: the inodes whose grant in that reply
 	// was accepted, the only ones whose contents it may cache.
@@ -67,7 +69,7 @@ type Cache struct {
 
 // New returns a cache holding at most maxInodes locked inodes.
 func New(maxInodes int) *Cache {
-	return &Cache{inodes: map[ids.Ino]*entry{}, max: maxInodes, maxNames: 10000}
+	return &Cache{inodes: map[ids.Ino]*entry{}, max: maxInodes, maxNames: 500_000}
 }
 
 // setMode changes e's lock mode, keeping the count of locked entries;
@@ -154,6 +156,7 @@ func (c *Cache) evictIfFull(keep ids.Ino) {
 				c.evicted = append(c.evicted, wire.Grant{Ino: ino, Mode: e.mode, Seq: e.seq})
 			}
 			c.setMode(e, wire.LockNone)
+			c.dropNames(e)
 			delete(c.inodes, ino)
 			break
 		}
@@ -177,7 +180,8 @@ func (c *Cache) Revoke(ino ids.Ino, to wire.LockMode, seq uint64) bool {
 	}
 	if to == wire.LockNone {
 		c.setMode(e, wire.LockNone)
-		e.attr, e.names, e.complete = nil, nil, false
+		c.dropNames(e)
+		e.attr = nil
 	} else {
 		c.setMode(e, to)
 	}
@@ -309,18 +313,30 @@ func (c *Cache) SetEntry(parent ids.Ino, name string, child ids.Ino) {
 	if !c.mayCache(e, parent) {
 		// Not covered by this reply's grant, yet the name may have changed:
 		// forget what we had.
-		delete(e.names, name)
+		if _, ok := e.names[name]; ok {
+			delete(e.names, name)
+			c.names--
+		}
 		e.complete = false
 		return
 	}
 	if e.names == nil {
 		e.names = map[string]ids.Ino{}
 	}
-	if len(e.names) >= c.maxNames {
-		clear(e.names)
-		e.complete = false
+	if _, ok := e.names[name]; !ok {
+		if c.names >= c.maxNames {
+			c.dropNames(e)
+			e.names = map[string]ids.Ino{}
+		}
+		c.names++
 	}
 	e.names[name] = child
+}
+
+// dropNames forgets e's cached entries.
+func (c *Cache) dropNames(e *entry) {
+	c.names -= len(e.names)
+	e.names, e.complete = nil, false
 }
 
 // Entry looks parent/name up; ok is false when the cache cannot tell.
@@ -342,7 +358,8 @@ func (c *Cache) Entry(parent ids.Ino, name string) (child ids.Ino, ok bool) {
 // InvalidateDir forgets a directory's cached entries and attributes.
 func (c *Cache) InvalidateDir(dir ids.Ino) {
 	if e := c.inodes[dir]; e != nil {
-		e.names, e.attr, e.complete = nil, nil, false
+		c.dropNames(e)
+		e.attr = nil
 	}
 }
 
@@ -369,6 +386,7 @@ func (c *Cache) DropAll() []ids.Ino {
 	c.dataBytes = 0
 	c.dataGen++
 	c.locked = 0
+	c.names = 0
 	c.evicted = nil
 	return out
 }

@@ -158,3 +158,34 @@ func TestLocalOpens(t *testing.T) {
 		t.Fatalf("TakeOpens after revocation = %d, want 1", n)
 	}
 }
+
+// TestNameBudget: cached names are counted over all directories; at the
+// bound the directory being added to starts over, and forgetting a
+// directory's names gives their budget back.
+func TestNameBudget(t *testing.T) {
+	c := New(100)
+	c.maxNames = 4
+	for dir := idpkg.Ino(1); dir <= 2; dir++ {
+		c.Granted(wire.Grant{Ino: dir, Mode: wire.LockShared, Seq: uint64(dir)})
+	}
+	c.SetEntry(1, "a", 10)
+	c.SetEntry(1, "b", 11)
+	c.SetEntry(1, "b", 12) // replaced, not added
+	c.SetEntry(2, "c", 13)
+	c.SetEntry(2, "d", 14)
+	if c.names != 4 {
+		t.Fatalf("%d names counted, want 4", c.names)
+	}
+	c.SetEntry(2, "e", 15) // over the bound: directory 2 starts over
+	if _, ok := c.Entry(2, "c"); ok || c.names != 3 {
+		t.Fatalf("after the bound: %d names, c cached %v", c.names, ok)
+	}
+	if child, ok := c.Entry(1, "b"); !ok || child != 12 {
+		t.Fatalf("directory 1 lost its names: %v %v", child, ok)
+	}
+	c.InvalidateDir(1)
+	c.Revoke(2, wire.LockNone, 9)
+	if c.names != 0 {
+		t.Fatalf("%d names counted after both directories were forgotten", c.names)
+	}
+}

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"container/list"
 
 	"github.com/leasefs/leasefs/internal/ids"
@@ -62,7 +63,9 @@ func (c *Cache) PutData(ino ids.Ino, off uint64, data []byte, eof bool, version,
 		if n < PageSize && !eof {
 			break // a partial page that is not the end: not a page's content
 		}
-		c.putPage(e, &page{ino: ino, idx: idx, data: data[:n:n]})
+		// a copy: a page aliasing the reply would keep all of it alive
+		// for as long as the page stays, whatever else the LRU evicted
+		c.putPage(e, &page{ino: ino, idx: idx, data: bytes.Clone(data[:n])})
 		data = data[n:]
 		idx++
 		if n < PageSize {
