@@ -103,12 +103,13 @@ func (c *Client) LostGen(ino ids.Ino) uint64 {
 }
 
 // Write writes data at off, or at the end of the file in appendMode. Under
-// an X lock with a valid lease and cached attributes it only buffers (the
-// cached size is the end of the file then: nobody else may write it);
+// an X lock with a valid lease and cached attributes it only buffers;
 // otherwise it writes through, and the reply's grant lets the next write
-// buffer.
+// buffer. Appends always write through: buffered, they could only be
+// reclaimed after a NACK if nobody else had appended meanwhile, and shared
+// logs are what O_APPEND is for.
 func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte, appendMode bool) error {
-	if c.buffer(ino, off, data, appendMode) {
+	if !appendMode && c.buffer(ino, off, data) {
 		f := c.wb.file(ino, false)
 		if f != nil && f.size() >= flushThreshold {
 			return c.Flush(ctx, ino)
@@ -172,7 +173,7 @@ func (c *Client) mayBuffer(f *dirtyFile, ino ids.Ino) (*wire.Attr, bool) {
 
 // buffer records a write if the client may keep it. Lock order: the
 // file's mu, then c.mu (Flush holds the file's mu while it calls).
-func (c *Client) buffer(ino ids.Ino, off uint64, data []byte, appendMode bool) bool {
+func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 	f := c.wb.lockFile(ino)
 	defer f.mu.Unlock()
 	c.mu.Lock()
@@ -180,9 +181,6 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte, appendMode bool) b
 	attr, ok := c.mayBuffer(f, ino)
 	if !ok {
 		return false
-	}
-	if appendMode {
-		off = attr.Size
 	}
 	if f.attrs != nil {
 		// the write sets the times when it reaches the server, after a

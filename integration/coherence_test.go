@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -590,5 +591,50 @@ func TestReadAround(t *testing.T) {
 	must(t, fb.Close())
 	if _, err := f.ReadAt(buf[:7], 70000); err != nil || string(buf[:7]) != "changed" {
 		t.Fatalf("after another mount's write: %q, %v", buf[:7], err)
+	}
+}
+
+// TestAppendsSurviveEviction: appends go to the server as they are made,
+// even under the mount's X lock. A mount evicted right after appending
+// (frozen meanwhile, its lock stolen, another mount appending, so that
+// buffered data could not be reclaimed) loses nothing and its fsync
+// succeeds.
+func TestAppendsSurviveEviction(t *testing.T) {
+	adminAddr := freeTCPAddr(t)
+	s := startServer(t, "--admin", adminAddr, "--client-lease", "500ms", "--delivery-timeout", "100ms")
+	a, b := startMount(t, s), startMount(t, s)
+	idA, _ := mountClient(t, a)
+	fa, err := os.OpenFile(filepath.Join(a.dir, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	must(t, err)
+	defer fa.Close()
+	for _, rec := range []string{"a1\n", "a2\n", "a3\n"} { // the first grants X; the others could be buffered
+		_, err := fa.WriteString(rec)
+		must(t, err)
+	}
+	// a hears nothing of it until b has appended (a's renewals would
+	// recover it at once)
+	a.signal(syscall.SIGSTOP)
+	// through the API, not `leasefs admin`: exec closes this process's
+	// descriptors, and the close of fa would wait for the frozen mount
+	rep, err := http.Post("http://"+adminAddr+"/api/evict?client="+idA, "", nil)
+	must(t, err)
+	rep.Body.Close()
+	if rep.StatusCode != http.StatusOK {
+		t.Fatalf("evict: %s", rep.Status)
+	}
+	fb, err := os.OpenFile(filepath.Join(b.dir, "log"), os.O_WRONLY|os.O_APPEND, 0)
+	must(t, err)
+	defer fb.Close()
+	_, err = fb.WriteString("b1\n") // waits until a's lock is stolen
+	must(t, err)
+	must(t, fb.Sync())
+	a.signal(syscall.SIGCONT)
+	if err := fa.Sync(); err != nil {
+		t.Fatalf("fsync of the evicted mount's appends: %v", err)
+	}
+	got, err := os.ReadFile(filepath.Join(b.dir, "log"))
+	must(t, err)
+	if string(got) != "a1\na2\na3\nb1\n" {
+		t.Fatalf("log is %q", got)
 	}
 }
