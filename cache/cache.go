@@ -215,25 +215,25 @@ func (c *Cache) CloseLocally(ino ids.Ino) bool {
 }
 
 // TakeOpens returns ino's local opens and forgets them: the caller tells
-// the server of them. With removing set, ino gets no local opens until
-// EndRemove: the file may lose its last link.
-func (c *Cache) TakeOpens(ino ids.Ino, removing bool) uint32 {
+// the server of them (the client gave up its lock).
+func (c *Cache) TakeOpens(ino ids.Ino) uint32 {
 	e := c.inodes[ino]
 	if e == nil {
-		if !removing {
-			return 0
-		}
-		e = c.get(ino)
+		return 0
 	}
 	n := e.opens
 	e.opens = 0
-	if removing {
-		e.removing++
-	}
 	return uint32(n)
 }
 
-// EndRemove ends a removal begun with TakeOpens.
+// BeginRemove is TakeOpens before a change that may remove ino's last
+// link; ino gets no local opens until EndRemove.
+func (c *Cache) BeginRemove(ino ids.Ino) uint32 {
+	c.get(ino).removing++
+	return c.TakeOpens(ino)
+}
+
+// EndRemove ends a removal BeginRemove began.
 func (c *Cache) EndRemove(ino ids.Ino) {
 	if e := c.inodes[ino]; e != nil && e.removing > 0 {
 		e.removing--

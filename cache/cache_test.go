@@ -137,14 +137,14 @@ func TestLocalOpens(t *testing.T) {
 	if m, _ := c.Mode(5); m != wire.LockShared {
 		t.Fatal("the lock of a file with local opens was evicted")
 	}
-	if n := c.TakeOpens(5, true); n != 2 {
-		t.Fatalf("TakeOpens = %d, want 2", n)
+	if n := c.BeginRemove(5); n != 2 {
+		t.Fatalf("BeginRemove = %d, want 2", n)
 	}
 	if _, ok := c.OpenLocally(5); ok {
 		t.Fatal("opened locally during a removal")
 	}
 	if c.CloseLocally(5) {
-		t.Fatal("a close after TakeOpens stayed local")
+		t.Fatal("a close after BeginRemove stayed local")
 	}
 	c.EndRemove(5)
 	if _, ok := c.OpenLocally(5); !ok {
@@ -154,7 +154,7 @@ func TestLocalOpens(t *testing.T) {
 	if _, ok := c.OpenLocally(5); ok {
 		t.Fatal("opened locally after the lock was revoked")
 	}
-	if n := c.TakeOpens(5, false); n != 1 {
+	if n := c.TakeOpens(5); n != 1 {
 		t.Fatalf("TakeOpens after revocation = %d, want 1", n)
 	}
 }

@@ -439,7 +439,7 @@ func (c *Client) onCallback(ctx context.Context, body []byte) []byte {
 		c.cache.Revoke(cb.Ino, cb.Mode, cb.Seq) // stops buffering and local opens
 		var opens uint32
 		if cb.Mode == wire.LockNone {
-			opens = c.cache.TakeOpens(cb.Ino, false)
+			opens = c.cache.TakeOpens(cb.Ino)
 		}
 		c.mu.Unlock()
 		// Buffered writes reach the server before the lock goes: the

@@ -250,7 +250,7 @@ func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error 
 func (c *Client) removing(req *wire.Request, ino ids.Ino) func() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	req.Ino, req.Opens = ino, c.cache.TakeOpens(ino, true)
+	req.Ino, req.Opens = ino, c.cache.BeginRemove(ino)
 	return func() {
 		c.mu.Lock()
 		c.cache.EndRemove(ino)

@@ -150,10 +150,16 @@ func (f *dirtyFile) size() int {
 	return f.bytes
 }
 
-// mayBuffer returns ino's cached attributes if the client may buffer a
-// change of it (an X lock, a valid lease), and starts f's dirty period.
-// Called with f.mu and c.mu.
-func (c *Client) mayBuffer(f *dirtyFile, ino ids.Ino) (*wire.Attr, bool) {
+// bufferChange records a change of ino in its dirty file if the client
+// may keep it (an X lock, a valid lease, cached attributes): change gets
+// the file and the cached attributes to update, which are then cached and
+// returned. Lock order: the file's mu, then c.mu (Flush holds the file's
+// mu while it calls).
+func (c *Client) bufferChange(ino ids.Ino, change func(f *dirtyFile, attr *wire.Attr)) (*wire.Attr, bool) {
+	f := c.wb.lockFile(ino)
+	defer f.mu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if !c.lease.Valid(c.clk.Now()) {
 		return nil, false
 	}
@@ -168,79 +174,64 @@ func (c *Client) mayBuffer(f *dirtyFile, ino ids.Ino) (*wire.Attr, bool) {
 		f.base = attr.Version
 		f.since = time.Now()
 	}
+	change(f, attr)
+	c.cache.SetAttr(attr)
 	return attr, true
 }
 
-// buffer records a write if the client may keep it. Lock order: the
-// file's mu, then c.mu (Flush holds the file's mu while it calls).
+// buffer records a write if the client may keep it.
 func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
-	f := c.wb.lockFile(ino)
-	defer f.mu.Unlock()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	attr, ok := c.mayBuffer(f, ino)
-	if !ok {
-		return false
-	}
-	if f.attrs != nil {
-		// the write sets the times when it reaches the server, after a
-		// buffered utimes would: the times the write gives win
-		f.attrs.Valid &^= wire.SetMtime | wire.SetCtime
-	}
-	f.add(off, data)
-	attr.Size = max(attr.Size, off+uint64(len(data)))
-	attr.Mtime = time.Now().UnixNano()
-	attr.Ctime = attr.Mtime
-	c.cache.SetAttr(attr)
-	c.cache.DropData(ino)
-	return true
+	_, ok := c.bufferChange(ino, func(f *dirtyFile, attr *wire.Attr) {
+		if f.attrs != nil {
+			// the write sets the times when it reaches the server, after a
+			// buffered utimes would: the times the write gives win
+			f.attrs.Valid &^= wire.SetMtime | wire.SetCtime
+		}
+		f.add(off, data)
+		attr.Size = max(attr.Size, off+uint64(len(data)))
+		attr.Mtime = time.Now().UnixNano()
+		attr.Ctime = attr.Mtime
+		c.cache.DropData(ino)
+	})
+	return ok
 }
 
 // bufferAttr records an attribute change (req.Valid within bufferedAttrs)
 // if the client may keep it, the way the server would make it, and
 // returns the attributes it gives.
 func (c *Client) bufferAttr(req *wire.Request) (*wire.Attr, bool) {
-	ino := req.Ino
-	f := c.wb.lockFile(ino)
-	defer f.mu.Unlock()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	attr, ok := c.mayBuffer(f, ino)
-	if !ok {
-		return nil, false
-	}
-	if f.attrs == nil {
-		f.attrs = &wire.Request{Op: wire.OpSetAttr, Ino: ino}
-	}
-	p, v := f.attrs, req.Valid
-	p.Valid |= v
-	if v&wire.SetMode != 0 {
-		p.Mode = req.Mode
-		attr.Mode = attr.Mode&syscall.S_IFMT | req.Mode&^syscall.S_IFMT
-	}
-	if v&wire.SetUid != 0 {
-		p.Uid, attr.Uid = req.Uid, req.Uid
-	}
-	if v&wire.SetGid != 0 {
-		p.Gid, attr.Gid = req.Gid, req.Gid
-	}
-	if v&wire.SetAtime != 0 {
-		p.Atime, attr.Atime = req.Atime, req.Atime
-	}
-	if v&wire.SetMtime != 0 {
-		p.Mtime, attr.Mtime = req.Mtime, req.Mtime
-	}
-	// the change time is now, unless given; sent as given, so that the
-	// server keeps the time of the change, not of its flush
-	p.Valid |= wire.SetCtime
-	if v&wire.SetCtime != 0 {
-		p.Ctime = req.Ctime
-	} else {
-		p.Ctime = time.Now().UnixNano()
-	}
-	attr.Ctime = p.Ctime
-	c.cache.SetAttr(attr)
-	return attr, true
+	return c.bufferChange(req.Ino, func(f *dirtyFile, attr *wire.Attr) {
+		if f.attrs == nil {
+			f.attrs = &wire.Request{Op: wire.OpSetAttr, Ino: req.Ino}
+		}
+		p, v := f.attrs, req.Valid
+		p.Valid |= v
+		if v&wire.SetMode != 0 {
+			p.Mode = req.Mode
+			attr.Mode = attr.Mode&syscall.S_IFMT | req.Mode&^syscall.S_IFMT
+		}
+		if v&wire.SetUid != 0 {
+			p.Uid, attr.Uid = req.Uid, req.Uid
+		}
+		if v&wire.SetGid != 0 {
+			p.Gid, attr.Gid = req.Gid, req.Gid
+		}
+		if v&wire.SetAtime != 0 {
+			p.Atime, attr.Atime = req.Atime, req.Atime
+		}
+		if v&wire.SetMtime != 0 {
+			p.Mtime, attr.Mtime = req.Mtime, req.Mtime
+		}
+		// the change time is now, unless given; sent as given, so that the
+		// server keeps the time of the change, not of its flush
+		p.Valid |= wire.SetCtime
+		if v&wire.SetCtime != 0 {
+			p.Ctime = req.Ctime
+		} else {
+			p.Ctime = time.Now().UnixNano()
+		}
+		attr.Ctime = p.Ctime
+	})
 }
 
 // Flush sends ino's buffered writes to the server, concurrently (they are

@@ -319,16 +319,23 @@ func TestCreateRoundTrips(t *testing.T) {
 	}
 }
 
+// patterned returns n bytes that differ from page to page (mul varies the
+// pattern between tests).
+func patterned(n, mul int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*mul + i>>12)
+	}
+	return b
+}
+
 // TestReadAheadCoherent: a mount reading a file sequentially fetches
 // ahead of itself; a write by another mount to a part fetched ahead, and
 // one by the reader itself, are seen by the reads that follow.
 func TestReadAheadCoherent(t *testing.T) {
 	a, b := twoMounts(t)
 	const size = 12 << 20
-	want := make([]byte, size)
-	for i := range want {
-		want[i] = byte(i*7 + i>>12)
-	}
+	want := patterned(size, 7)
 	must(t, os.WriteFile(filepath.Join(a.dir, "f"), want, 0o644))
 
 	fb, err := os.OpenFile(filepath.Join(b.dir, "f"), os.O_RDWR, 0)
@@ -559,10 +566,7 @@ func TestOpenUnderLock(t *testing.T) {
 func TestReadAround(t *testing.T) {
 	a, b := twoMounts(t)
 	const size = 1 << 20
-	want := make([]byte, size)
-	for i := range want {
-		want[i] = byte(i*13 + i>>12)
-	}
+	want := patterned(size, 13)
 	must(t, os.WriteFile(filepath.Join(b.dir, "f"), want, 0o644))
 	f, err := os.Open(filepath.Join(a.dir, "f"))
 	must(t, err)
