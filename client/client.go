@@ -1,7 +1,8 @@
-// Package client is a mount's session with the leasefs server: blocking,
+// Package client is a mount's sessions with the leasefs servers: blocking,
 // context-taking calls that fs/ turns FUSE operations into. It numbers
-// requests, keeps the session and the client lease (lease.Client), caches
-// attributes and entries under the data locks the server grants
+// requests, sends each to the owner of its inode (servers.go), keeps a
+// session and a client lease (lease.Client) with each server it talks to,
+// caches attributes and entries under the data locks the servers grant
 // (cache.Cache), answers revocations, and recovers after a NACK.
 package client
 
@@ -81,6 +82,7 @@ type Counters struct {
 	Requests, NacksReceived, Recoveries, Revocations atomic.Int64
 	ReclaimsOK, ReclaimsRefused, DataLost            atomic.Int64
 	Prefetches                                       atomic.Int64 // readahead requests sent
+	Redirects                                        atomic.Int64 // redirects to an inode's owner followed
 }
 
 // Client is one mount's connection to leasefs.
@@ -101,12 +103,12 @@ type Client struct {
 	// PathOf, set by fs, names an inode for log messages ("" if unknown).
 	PathOf func(ino ids.Ino) string
 
-	mu      sync.Mutex
-	session wire.Session
-	seq     uint64
-	lease   *lease.Client
-	cache   *cache.Cache
-	lapsed  bool // a lapse was logged
+	mu    sync.Mutex
+	seq   uint64
+	cache *cache.Cache
+	// renewMargin is how long before a lease lapses the client renews it
+	// (τ/4 of the first session; every server of a cluster has the same τ).
+	renewMargin time.Duration
 
 	wb        writeback
 	ra        readAhead
@@ -135,9 +137,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	dctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout*time.Duration(len(cfg.Servers)))
 	defer cancel()
-	if err := c.openSession(dctx); err != nil {
-		tr, addr := c.transport()
-		tr.Close()
+	if _, err := c.pick(dctx, &wire.Request{Op: wire.OpRenew}); err != nil {
+		addr := c.Server()
+		for _, cn := range c.live() {
+			cn.tr.Close()
+		}
 		return nil, fmt.Errorf("client: open session with %s: %w", addr, err)
 	}
 	c.wg.Add(1)
@@ -148,16 +152,17 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 // ID returns the client id.
 func (c *Client) ID() ids.ClientID { return c.id }
 
-// Session returns the current session as the server announced it.
+// Session returns the session with the home server as it announced it.
 func (c *Client) Session() wire.Session {
+	cn := c.homeConn()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.session
+	return cn.session
 }
 
-// openSession opens a new session; a failing server NACKs it until it has
-// stolen our old locks, so it retries until ctx ends.
-func (c *Client) openSession(ctx context.Context) error {
+// openSession opens a new session on cn; a failing server NACKs it until it
+// has stolen our old locks, so it retries until ctx ends.
+func (c *Client) openSession(ctx context.Context, cn *conn) error {
 	host, _ := os.Hostname()
 	body := (&wire.Request{Op: wire.OpOpenSession, Target: host}).Append(nil)
 	for {
@@ -168,17 +173,12 @@ func (c *Client) openSession(ctx context.Context) error {
 		h := transport.Header{Client: c.id, Seq: c.seq}
 		c.mu.Unlock()
 		sent := c.clk.Now()
-		tr, addr := c.transport()
 		actx, cancel := ctx, context.CancelFunc(func() {})
 		if c.clustered() {
 			actx, cancel = context.WithTimeout(ctx, c.cfg.FailoverTimeout)
 		}
-		raw, err := tr.Call(actx, h, body)
+		raw, err := cn.tr.Call(actx, h, body)
 		cancel()
-		if err != nil && c.clustered() && ctx.Err() == nil {
-			c.failover(tr, err.Error())
-			continue
-		}
 		if err != nil {
 			return err
 		}
@@ -186,9 +186,8 @@ func (c *Client) openSession(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if rep.Code == wire.CodeUnavailable && c.clustered() {
-			c.failover(tr, rep.Msg)
-			continue
+		if rep.Code == wire.CodeUnavailable {
+			return rep.Err()
 		}
 		if rep.Code == wire.CodeNack {
 			select {
@@ -210,15 +209,25 @@ func (c *Client) openSession(ctx context.Context) error {
 			return fmt.Errorf("client: server's lease parameters: %w", err)
 		}
 		c.mu.Lock()
-		c.session = *s
-		if c.lease == nil || c.lease.Config() != cfg {
-			c.lease = lease.NewClient(cfg)
+		cn.session = *s
+		cn.server = s.Server
+		if cn.lease == nil || cn.lease.Config() != cfg {
+			cn.lease = lease.NewClient(cfg)
 		}
-		c.lease.Sent(sent, false)
-		c.lease.Acked(sent, c.clk.Now())
+		cn.holds = false
+		if c.renewMargin == 0 {
+			c.renewMargin = cfg.RenewMargin
+		}
+		cn.lease.Sent(sent, false)
+		cn.lease.Acked(sent, c.clk.Now())
 		c.mu.Unlock()
+		if s.Server != 0 {
+			c.srv.mu.Lock()
+			c.srv.byID[s.Server] = cn.addr
+			c.srv.mu.Unlock()
+		}
 		c.answered()
-		c.log.Info("session opened", "server", addr, "session", s.ID,
+		c.log.Info("session opened", "server", cn.addr, "server_id", s.Server, "session", s.ID,
 			"client_lease", time.Duration(s.Tau), "clock_drift", s.Delta)
 		return nil
 	}
@@ -246,7 +255,13 @@ var errRecovered = errors.New("client: session recovered after NACK")
 
 // callWith is call; with failOnNack a NACKed request is not sent again in
 // the new session but fails with errRecovered.
-func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool) (_ *wire.Reply, err error) {
+func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool) (*wire.Reply, error) {
+	return c.send(ctx, req, apply, failOnNack, nil)
+}
+
+// send is callWith; a non-nil to sends req to that server only (a
+// renewal of its lease) and fails if the client gives it up.
+func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool, to *conn) (_ *wire.Reply, err error) {
 	if !(req.Op == wire.OpPosixLock && req.Lk.Wait) {
 		// Only a lock wait can block for as long as another user likes,
 		// so only it gives way to a signal (EINTR). Anything else
@@ -267,40 +282,69 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 	body := req.Append(nil)
 	// A soft mount's timeout covers every send of the request, resends
 	// after a failover or an unavailable server included.
-	var softDeadline time.Time
+	sctx := ctx
 	if c.cfg.SoftTimeout > 0 {
-		softDeadline = time.Now().Add(c.cfg.SoftTimeout)
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, c.cfg.SoftTimeout)
+		defer cancel()
 	}
+	redirects := 0
 	for {
+		cn := to
+		if cn == nil {
+			if cn, err = c.pick(sctx, req); err != nil {
+				return nil, c.softErr(ctx, err)
+			}
+		}
 		c.mu.Lock()
 		c.seq++
-		h := transport.Header{Client: c.id, Session: c.session.ID, Seq: c.seq}
+		h := transport.Header{Client: c.id, Session: cn.session.ID, Seq: c.seq}
 		sent := c.clk.Now()
-		c.lease.Sent(sent, req.Op == wire.OpRenew)
+		if cn.lease != nil {
+			cn.lease.Sent(sent, req.Op == wire.OpRenew)
+		}
 		c.mu.Unlock()
 		c.Counters.Requests.Add(1)
-		rep, err := c.roundTrip(ctx, h, body, softDeadline)
-		if errors.Is(err, errSendAgain) {
+		rep, err := c.roundTrip(ctx, sctx, cn, h, body)
+		if errors.Is(err, errSendAgain) && to == nil {
 			continue
 		}
-		if err != nil {
-			return nil, err
-		}
-		if rep.Code == wire.CodeNack {
-			if err := c.recover(ctx, h.Session); err != nil {
+		if errors.Is(err, errServerLost) || err == nil && rep.Code == wire.CodeNack {
+			if err := c.recover(ctx, cn, h.Session); err != nil {
 				return nil, err
 			}
 			if failOnNack {
 				return nil, errRecovered
 			}
+			if to != nil {
+				return nil, errServerLost
+			}
 			continue
 		}
+		if err != nil {
+			return nil, err
+		}
 		c.mu.Lock()
-		if h.Session == c.session.ID {
-			c.lease.Acked(sent, c.clk.Now())
-			if c.lapsed {
-				c.lapsed = false
-				c.log.Info("lease renewed: server reachable again, cache still valid")
+		current := h.Session == cn.session.ID
+		if current {
+			cn.lease.Acked(sent, c.clk.Now())
+			if cn.lapsed {
+				cn.lapsed = false
+				c.log.Info("lease renewed: server reachable again, cache still valid", "server", cn.addr)
+			}
+		}
+		if rep.Code == wire.CodeRedirect {
+			c.mu.Unlock()
+			c.Counters.Redirects.Add(1)
+			if redirects++; redirects > maxRedirects || !c.follow(sctx, req.Home(), rep.Owner) {
+				req.NoRedirect = true
+				body = req.Append(nil)
+			}
+			continue
+		}
+		if current {
+			if len(rep.Grants) > 0 {
+				cn.holds = true
 			}
 			c.cache.ApplyReply(rep.Grants, func() {
 				if rep.Attr != nil {
@@ -312,36 +356,45 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 			})
 		}
 		evicted := c.cache.TakeEvicted()
+		server := cn.server
 		c.mu.Unlock()
+		for _, g := range rep.Grants {
+			c.learnOwner(g.Ino, server)
+		}
 		c.releaseEvicted(evicted)
 		return rep, rep.Err()
 	}
+}
+
+// softErr is what a soft mount's operation fails with when its deadline
+// (sctx) ended while ctx did not.
+func (c *Client) softErr(ctx context.Context, err error) error {
+	if ctx.Err() == nil && c.cfg.SoftTimeout > 0 && errors.Is(err, context.DeadlineExceeded) {
+		return ErrTimeout
+	}
+	return err
 }
 
 // unavailableRetry is how long a client of a single server waits before
 // sending a request again that the server could not serve.
 const unavailableRetry = 200 * time.Millisecond
 
-func (c *Client) roundTrip(ctx context.Context, h transport.Header, body []byte, softDeadline time.Time) (*wire.Reply, error) {
-	cctx, cancel := ctx, context.CancelFunc(func() {})
-	if c.cfg.SoftTimeout > 0 {
-		cctx, cancel = context.WithDeadline(ctx, softDeadline)
-	}
-	defer cancel()
+// roundTrip sends one request on cn. sctx is ctx bounded by a soft mount's
+// deadline.
+func (c *Client) roundTrip(ctx, sctx context.Context, cn *conn, h transport.Header, body []byte) (*wire.Reply, error) {
 	for {
-		tr, _ := c.transport()
-		actx, cancelAttempt := cctx, context.CancelFunc(func() {})
+		actx, cancelAttempt := sctx, context.CancelFunc(func() {})
 		if c.clustered() {
-			actx, cancelAttempt = context.WithTimeout(cctx, c.cfg.FailoverTimeout)
+			actx, cancelAttempt = context.WithTimeout(sctx, c.cfg.FailoverTimeout)
 		}
-		raw, err := tr.Call(actx, h, body)
+		raw, err := cn.tr.Call(actx, h, body)
 		cancelAttempt()
 		if err == nil {
 			rep, err := wire.ParseReply(raw)
 			if err == nil && rep.Code == wire.CodeUnavailable {
 				if c.clustered() {
-					c.failover(tr, rep.Msg)
-					return nil, errSendAgain
+					c.giveUp(cn, rep.Msg)
+					return nil, errServerLost
 				}
 				// the only server we know cannot serve now (a cluster
 				// server restarting or cut off): a hard mount waits
@@ -350,70 +403,86 @@ func (c *Client) roundTrip(ctx context.Context, h transport.Header, body []byte,
 				select {
 				case <-t.C:
 					return nil, errSendAgain
-				case <-cctx.Done():
+				case <-sctx.Done():
 					t.Stop()
-					if ctx.Err() == nil && c.cfg.SoftTimeout > 0 {
-						return nil, ErrTimeout
-					}
-					return nil, cctx.Err()
+					return nil, c.softErr(ctx, sctx.Err())
 				}
 			}
 			c.answered()
 			return rep, err
 		}
-		if c.clustered() && cctx.Err() == nil {
-			if errors.Is(err, transport.ErrClosed) {
-				return nil, errSendAgain // another request failed over
+		if c.clustered() && sctx.Err() == nil {
+			if errors.Is(err, transport.ErrClosed) && c.isGone(cn) {
+				return nil, errServerLost // another request gave it up
 			}
-			if errors.Is(err, context.DeadlineExceeded) && c.alive(tr, h.Session) {
+			if errors.Is(err, context.DeadlineExceeded) && c.alive(cn, h.Session) {
 				continue // slow, not gone: the same header again runs at most once
 			}
-			c.failover(tr, err.Error())
-			return nil, errSendAgain
+			c.giveUp(cn, err.Error())
+			return nil, errServerLost
 		}
-		if ctx.Err() == nil && c.cfg.SoftTimeout > 0 && errors.Is(err, context.DeadlineExceeded) {
-			return nil, ErrTimeout
-		}
-		return nil, err
+		return nil, c.softErr(ctx, err)
 	}
 }
 
-// recover handles a NACK for the session `nacked`: drop every cache, the
-// kernel's too, and open a new session (once, however many requests saw
-// the NACK).
-func (c *Client) recover(ctx context.Context, nacked ids.SessionID) error {
-	recovered, err := c.renewSession(ctx, nacked)
-	if recovered {
+// recover handles the loss of the session `lost` on cn, by a NACK or by
+// giving its server up: drop every cache, the kernel's too, open a new
+// session there unless the server was given up (once, however many
+// requests saw it), and reclaim buffered writes.
+func (c *Client) recover(ctx context.Context, cn *conn, lost ids.SessionID) error {
+	dropped, err := c.renewSession(ctx, cn, lost)
+	if dropped {
 		c.reclaim(ctx)
 	}
 	return err
 }
 
-// renewSession drops the caches and opens a new session, once per NACKed
-// session; it reports whether this call did it.
-func (c *Client) renewSession(ctx context.Context, nacked ids.SessionID) (bool, error) {
+// renewSession ends the lost session: if its server granted locks in it,
+// it drops the caches (every cache, not just what that server granted: the
+// client does not keep which server granted which lock, and losing a
+// session is rare) and reports that it did. Then it opens a new session
+// there, unless the server was given up. Once per lost session.
+func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID) (dropped bool, _ error) {
 	c.recoverMu.Lock()
 	defer c.recoverMu.Unlock()
+	gone := c.isGone(cn)
 	c.mu.Lock()
-	if c.session.ID != nacked {
+	if lost == 0 || cn.session.ID != lost || cn.lease == nil {
 		c.mu.Unlock()
 		return false, nil // another request already recovered
 	}
-	c.lease.Nacked(c.clk.Now())
-	dropped := c.cache.DropAll()
+	cn.lease.Nacked(c.clk.Now())
+	cn.session.ID = 0 // a session is opened anew when next needed
+	var inos []ids.Ino
+	dropped = cn.holds
+	if dropped {
+		inos = c.cache.DropAll()
+	}
+	cn.holds = false
+	c.srv.mu.Lock()
+	delete(c.srv.lost, cn)
+	c.srv.mu.Unlock()
 	c.mu.Unlock()
 	c.Counters.NacksReceived.Add(1)
-	c.log.Warn("NACK received: the server failed or forgot this client; dropping caches and recovering",
-		"session", nacked, "cached_inodes_dropped", len(dropped))
-	for _, ino := range dropped {
+	why := "NACK received: the server failed or forgot this client"
+	if gone {
+		why = "server given up"
+	}
+	c.log.Warn(why+"; recovering", "server", cn.addr, "session", lost, "cached_inodes_dropped", len(inos))
+	for _, ino := range inos {
 		c.Invalidate(ino)
 	}
-	if err := c.openSession(ctx); err != nil {
-		return false, err
+	if !gone {
+		if err := c.ensureSession(ctx, cn); err != nil {
+			if !c.clustered() {
+				return dropped, err
+			}
+			c.giveUp(cn, err.Error())
+		}
 	}
 	c.Counters.Recoveries.Add(1)
-	c.log.Info("recovery done: new session, caches rebuilt on demand")
-	return true, nil
+	c.log.Info("recovery done: caches rebuilt on demand")
+	return dropped, nil
 }
 
 // releaseEvicted gives back locks the cache dropped for space.
@@ -458,20 +527,59 @@ func (c *Client) onCallback(ctx context.Context, body []byte) []byte {
 	return (&wire.Reply{}).Append(nil)
 }
 
-// cached runs fn on the cache if the lease is valid, so nothing cached is
-// trusted after the lease could have lapsed.
+// cached runs fn on the cache if the leases are valid, so nothing cached
+// is trusted after a lease could have lapsed.
 func (c *Client) cached(fn func(*cache.Cache) bool) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.lease.Valid(c.clk.Now()) {
+	if !c.leasesValid(c.clk.Now()) {
 		return false
 	}
 	return fn(c.cache)
 }
 
-// renewLoop sends an explicit renewal only when the client holds locks and
-// no request renewed the lease recently (Burns et al.: opportunistic
-// renewal makes these rare for a busy client).
+// leasesValid reports whether the lease with every server that granted
+// this client a lock is valid at now: the client does not keep which
+// server granted which lock, so it trusts its cache only then. Called with
+// c.mu held.
+func (c *Client) leasesValid(now clock.Time) bool {
+	c.srv.mu.Lock()
+	defer c.srv.mu.Unlock()
+	if len(c.srv.lost) > 0 {
+		return false // a server given up whose locks are not dropped yet
+	}
+	valid := false
+	for _, cn := range c.srv.conns {
+		if !cn.holds {
+			continue
+		}
+		if !cn.lease.Valid(now) {
+			return false
+		}
+		valid = true
+	}
+	return valid
+}
+
+// leaseRemaining is how long every lease that covers the cache still runs.
+// Called with c.mu held.
+func (c *Client) leaseRemaining(now clock.Time) time.Duration {
+	c.srv.mu.Lock()
+	defer c.srv.mu.Unlock()
+	left := time.Duration(-1)
+	for _, cn := range c.srv.conns {
+		if cn.holds {
+			if r := cn.lease.Remaining(now); left < 0 || r < left {
+				left = r
+			}
+		}
+	}
+	return max(left, 0)
+}
+
+// renewLoop sends an explicit renewal to a server only when the client
+// holds locks and no request renewed its lease there recently (Burns et
+// al.: opportunistic renewal makes these rare for a busy client).
 func (c *Client) renewLoop() {
 	defer c.wg.Done()
 	// Check often enough to renew inside the margin of τ/4.
@@ -483,18 +591,26 @@ func (c *Client) renewLoop() {
 			return
 		case <-t.C:
 		}
+		var due []*conn
 		c.mu.Lock()
 		now := c.clk.Now()
-		need := c.lease.NeedsRenewal(now, c.cache.HoldsLocks())
-		if !need && !c.lease.Valid(now) && c.cache.HoldsLocks() && !c.lapsed {
-			c.lapsed = true
-			c.log.Warn("lease lapsed: server unreachable; cached data not trusted until it answers")
+		locked := c.cache.HoldsLocks()
+		for _, cn := range c.live() {
+			if !cn.holds {
+				continue
+			}
+			if cn.lease.NeedsRenewal(now, locked) {
+				due = append(due, cn)
+			} else if !cn.lease.Valid(now) && locked && !cn.lapsed {
+				cn.lapsed = true
+				c.log.Warn("lease lapsed: server unreachable; cached data not trusted until it answers", "server", cn.addr)
+			}
 		}
 		c.mu.Unlock()
 		c.flushOld(context.Background())
-		if need {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(c.session.Tau))
-			_, _ = c.Call(ctx, &wire.Request{Op: wire.OpRenew})
+		for _, cn := range due {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cn.lease.Config().Tau))
+			_, _ = c.send(ctx, &wire.Request{Op: wire.OpRenew}, nil, false, cn)
 			cancel()
 		}
 	}
@@ -502,7 +618,8 @@ func (c *Client) renewLoop() {
 
 // Stats describes the client for `leasefs admin --mount`.
 type Stats struct {
-	Session         ids.SessionID
+	Session         ids.SessionID // with the home server
+	Servers         int           // servers the client has sessions with
 	LeaseLeft       time.Duration
 	LeaseStats      lease.ClientStats
 	CachedInodes    int
@@ -513,6 +630,7 @@ type Stats struct {
 	NacksReceived   int64
 	Recoveries      int64
 	Revocations     int64
+	Redirects       int64
 	ReclaimsOK      int64
 	ReclaimsRefused int64
 	DataLost        int64
@@ -521,28 +639,40 @@ type Stats struct {
 
 // Stats returns the client's state and counters.
 func (c *Client) Stats() Stats {
+	home := c.homeConn()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	hits, misses, n := c.cache.Stats()
-	return Stats{Session: c.session.ID, LeaseLeft: c.lease.Remaining(c.clk.Now()), LeaseStats: c.lease.Stats(),
+	st := Stats{Session: home.session.ID, Servers: len(c.live()), LeaseLeft: c.leaseRemaining(c.clk.Now()),
 		CachedInodes: n, CachedDataBytes: c.cache.DataBytes(), Hits: hits, Misses: misses, Locks: c.cache.Locks(),
 		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
 		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load(),
-		ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
+		Redirects: c.Counters.Redirects.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
 		DataLost: c.Counters.DataLost.Load(), Prefetches: c.Counters.Prefetches.Load()}
+	if home.lease != nil {
+		st.LeaseStats = home.lease.Stats()
+	}
+	return st
 }
 
-// Close ends the session cleanly (releasing every lock at once) and closes
-// the connection.
+// Close ends the sessions cleanly (releasing every lock at once) and closes
+// the connections.
 func (c *Client) Close() error {
 	close(c.stop)
 	c.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c.FlushAll(ctx)
-	_, _ = c.Call(ctx, &wire.Request{Op: wire.OpGoodbye})
-	tr, _ := c.transport()
-	return tr.Close()
+	for _, cn := range c.live() {
+		c.mu.Lock()
+		open := cn.lease != nil && cn.session.ID != 0
+		c.mu.Unlock()
+		if open {
+			_, _ = c.send(ctx, &wire.Request{Op: wire.OpGoodbye}, nil, false, cn)
+		}
+		cn.tr.Close()
+	}
+	return nil
 }
 
 // changesInFlight is the set of change requests not yet answered. Each

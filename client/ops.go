@@ -500,7 +500,7 @@ func (c *Client) AttrTTL(ino ids.Ino) time.Duration {
 	var ttl time.Duration
 	c.cached(func(ch *cache.Cache) bool {
 		if mode, _ := ch.Mode(ino); mode != wire.LockNone {
-			ttl = min(maxKernelTTL, c.lease.Remaining(c.clk.Now())-c.lease.Config().RenewMargin)
+			ttl = min(maxKernelTTL, c.leaseRemaining(c.clk.Now())-c.renewMargin)
 		}
 		return true
 	})

@@ -160,7 +160,7 @@ func (c *Client) bufferChange(ino ids.Ino, change func(f *dirtyFile, attr *wire.
 	defer f.mu.Unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.lease.Valid(c.clk.Now()) {
+	if !c.leasesValid(c.clk.Now()) {
 		return nil, false
 	}
 	if mode, _ := c.cache.Mode(ino); mode != wire.LockExclusive {

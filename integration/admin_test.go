@@ -32,15 +32,28 @@ func admin(t *testing.T, args ...string) string {
 // mountClient asks a mount for its client id through its status socket.
 func mountClient(t *testing.T, m *mount) (id string, recoveries int64) {
 	t.Helper()
+	id, st := mountStats(t, m)
+	return id, st.Recoveries
+}
+
+// mountCounters are counters of a mount's client (client.Stats).
+type mountCounters struct {
+	Recoveries, NacksReceived, Redirects int64
+	Servers                              int
+}
+
+// mountStats returns a mount's client id and counters.
+func mountStats(t *testing.T, m *mount) (id string, _ mountCounters) {
+	t.Helper()
 	var st struct {
 		Client string
-		Stats  struct{ Recoveries, NacksReceived int64 }
+		Stats  mountCounters
 	}
 	out := admin(t, "--mount", m.dir, "status", "--json")
 	if err := json.Unmarshal([]byte(out), &st); err != nil || !strings.HasPrefix(st.Client, "client:") {
 		t.Fatalf("mount status: %v\n%s", err, out)
 	}
-	return st.Client, st.Stats.Recoveries
+	return st.Client, st.Stats
 }
 
 // row reports whether some line of a table has all the fields, in order,

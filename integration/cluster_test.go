@@ -400,3 +400,78 @@ func TestClusterPartition(t *testing.T) {
 		wantRecords(t, fmt.Sprintf("b.log via server %d", i+1), filepath.Join(only.dir, "b.log"), pb.count())
 	}
 }
+
+// clusterCounters reads a server's hand-over and redirect counters.
+func (s *clusterServer) clusterCounters(t *testing.T) (handovers, redirects int64) {
+	t.Helper()
+	resp, err := http.Get("http://" + s.admin + "/api/status")
+	if err != nil {
+		t.Fatalf("server %d status: %v", s.id, err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Cluster struct {
+			HandoversAsked int64 `json:"handovers_asked"`
+			Redirects      int64 `json:"redirects"`
+		} `json:"cluster"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("server %d status: %v", s.id, err)
+	}
+	return st.Cluster.HandoversAsked, st.Cluster.Redirects
+}
+
+func (c *testCluster) counters(t *testing.T) (handovers, redirects int64) {
+	for _, s := range c.servers {
+		h, r := s.clusterCounters(t)
+		handovers += h
+		redirects += r
+	}
+	return handovers, redirects
+}
+
+// TestClusterRedirect: two mounts that list the servers in different
+// orders take turns writing and reading the same files. A server that does
+// not own a file redirects the mount to the owner instead of taking the
+// file over, so ownership stays where it is: the servers count redirects
+// and no hand-overs, and each mount reads what the other wrote.
+func TestClusterRedirect(t *testing.T) {
+	c := startCluster(t, 3, clusterTimings()...)
+	a := c.mount(t, []int{0, 1, 2})
+	b := c.mount(t, []int{1, 2, 0})
+	must(t, os.Mkdir(filepath.Join(a.dir, "d"), 0o755))
+	must(t, os.WriteFile(filepath.Join(a.dir, "d", "f"), []byte("start"), 0o644))
+	handoversBefore, _ := c.counters(t)
+	const rounds = 30
+	for i := range rounds {
+		for _, turn := range []struct {
+			name        string
+			write, read *mount
+		}{{"A", a, b}, {"B", b, a}} {
+			want := fmt.Sprintf("%s wrote %d", turn.name, i)
+			must(t, os.WriteFile(filepath.Join(turn.write.dir, "d", "f"), []byte(want), 0o644))
+			name := fmt.Sprintf("g%d-%s", i, turn.name)
+			must(t, os.WriteFile(filepath.Join(turn.write.dir, "d", name), []byte(want), 0o644))
+			for _, file := range []string{"f", name} {
+				got, err := os.ReadFile(filepath.Join(turn.read.dir, "d", file))
+				if err != nil || string(got) != want {
+					t.Fatalf("round %d: %s read %q, %v; the other mount wrote %q", i, file, got, err, want)
+				}
+			}
+		}
+	}
+	handovers, redirects := c.counters(t)
+	handovers -= handoversBefore
+	_, stats := mountStats(t, b)
+	t.Logf("%d rounds: %d hand-overs, %d redirects at the servers; mount B followed %d redirects and talks to %d servers",
+		rounds, handovers, redirects, stats.Redirects, stats.Servers)
+	// Taking over instead would move the directory and the file between
+	// the servers twice a round.
+	if handovers > rounds/10 {
+		t.Errorf("%d hand-overs in %d rounds: mounts take inodes over instead of following redirects", handovers, rounds)
+	}
+	if redirects == 0 || stats.Redirects == 0 || stats.Servers < 2 {
+		t.Errorf("mount B was not redirected to the owner (servers: %d redirects; mount: %d, %d servers)",
+			redirects, stats.Redirects, stats.Servers)
+	}
+}

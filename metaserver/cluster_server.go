@@ -75,6 +75,7 @@ type ClusterStats struct {
 	HandoversAsked int64 `json:"handovers_asked"` // inodes this server asked another for
 	HandoversGiven int64 `json:"handovers_given"` // inodes it handed over
 	HandoverMaxMs  int64 `json:"handover_max_ms"` // longest hand-over served here
+	Redirects      int64 `json:"redirects"`       // requests sent on to the inode's owner
 	Replicated     int64 `json:"replicated"`      // changes acknowledged by a majority
 	ReplCalls      int64 `json:"repl_calls"`      // calls that carried changes to a replica (several per call when busy)
 	AllocAhead     int64 `json:"alloc_ahead"`     // new inodes this server owned before it allocated them
@@ -89,7 +90,7 @@ type ClusterStats struct {
 type clusterStats struct {
 	recoveries, graces, handoversAsked, handoversGiven, handoverMaxMs atomic.Int64
 	replicated, replFailed, statePushes, staleRejected, lostWithLocks atomic.Int64
-	antiEntropy, caughtUp, replCalls, allocAhead                      atomic.Int64
+	antiEntropy, caughtUp, replCalls, allocAhead, redirects           atomic.Int64
 }
 
 type peerHealth struct {
@@ -247,6 +248,26 @@ func (c *clusterState) ready(n *cluster.Node, ino ids.Ino) (ids.Epoch, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return ep, c.recovered[ino] == ep
+}
+
+// redirect answers a request for an inode another server owns (as this one
+// learnt) with that owner, unless the client asks to be served here anyway.
+// An inode nobody owns is taken over, as is every further inode of a
+// multi-inode operation (with a hand-over if need be).
+func (c *clusterState) redirect(r *wire.Request) *wire.Reply {
+	if r.NoRedirect || !r.Op.Owned() {
+		return nil
+	}
+	n := c.node.Load()
+	if n == nil {
+		return nil
+	}
+	owner, ok := n.Owner(r.Home())
+	if !ok || owner == c.self {
+		return nil
+	}
+	c.stats.redirects.Add(1)
+	return &wire.Reply{Code: wire.CodeRedirect, Msg: fmt.Sprintf("%v is owned by server %d", r.Home(), owner), Owner: owner}
 }
 
 // ownerEpoch is the store's OwnerEpoch: a change to ino commits only while
@@ -1348,7 +1369,7 @@ func (c *clusterState) Stats() ClusterStats {
 	s := &c.stats
 	return ClusterStats{Recoveries: s.recoveries.Load(), GracesStarted: s.graces.Load(),
 		HandoversAsked: s.handoversAsked.Load(), HandoversGiven: s.handoversGiven.Load(),
-		HandoverMaxMs: s.handoverMaxMs.Load(), Replicated: s.replicated.Load(), ReplFailed: s.replFailed.Load(),
+		HandoverMaxMs: s.handoverMaxMs.Load(), Redirects: s.redirects.Load(), Replicated: s.replicated.Load(), ReplFailed: s.replFailed.Load(),
 		StatePushes: s.statePushes.Load(), StaleRejected: s.staleRejected.Load(),
 		LostWithLocks: s.lostWithLocks.Load(), AntiEntropy: s.antiEntropy.Load(), CaughtUp: s.caughtUp.Load(),
 		ReplCalls: s.replCalls.Load(), AllocAhead: s.allocAhead.Load()}

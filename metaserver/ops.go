@@ -164,6 +164,11 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 	if o, ok := changeOrigin(sess, r); ok {
 		st = st.For(o)
 	}
+	if s.cl != nil {
+		if rep := s.cl.redirect(r); rep != nil {
+			return rep
+		}
+	}
 	if r.Opens > 0 && r.Ino != 0 {
 		// handles the client opened under its lock: counted before the
 		// request can remove the file

@@ -304,7 +304,7 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	sess.lastSeen.Store(time.Now().UnixNano())
 	rep := s.dispatch(ctx, sess, req)
 	switch rep.Code {
-	case wire.CodeOK:
+	case wire.CodeOK, wire.CodeRedirect:
 	case wire.CodeIO, wire.CodeAgain, wire.CodeUnavailable:
 		// the server's trouble, not the application's: say what happened
 		s.counters.Errors.Add(1)

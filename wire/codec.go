@@ -12,7 +12,7 @@ import (
 
 // Version is the body encoding version. A peer with another version gets
 // ErrVersion and a clear message instead of garbage.
-const Version = 2
+const Version = 3
 
 // Bounds on variable-length fields.
 const (
@@ -43,6 +43,13 @@ func (e *enc) u16(v uint16) { e.b = binary.LittleEndian.AppendUint16(e.b, v) }
 func (e *enc) u32(v uint32) { e.b = binary.LittleEndian.AppendUint32(e.b, v) }
 func (e *enc) u64(v uint64) { e.b = binary.LittleEndian.AppendUint64(e.b, v) }
 func (e *enc) i64(v int64)  { e.u64(uint64(v)) }
+func (e *enc) bool(v bool) {
+	if v {
+		e.u8(1)
+	} else {
+		e.u8(0)
+	}
+}
 func (e *enc) bytes(v []byte) {
 	e.u32(uint32(len(v)))
 	e.b = append(e.b, v...)
@@ -103,6 +110,18 @@ func (d *dec) u64() uint64 {
 	return 0
 }
 func (d *dec) i64() int64 { return int64(d.u64()) }
+
+func (d *dec) bool() bool {
+	switch v := d.u8(); v {
+	case 0:
+		return false
+	case 1:
+		return true
+	default:
+		d.fail(fmt.Errorf("wire: bad boolean %d", v))
+		return false
+	}
+}
 
 func (d *dec) bytes(max int) []byte {
 	n := d.u32()

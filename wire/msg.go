@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -67,6 +68,18 @@ func (o Op) Valid() bool { return o > 0 && o < opEnd }
 
 // Changes reports whether o changes the file system, so that applying it
 // twice could differ from applying it once: such requests carry a ReqID.
+// Owned reports whether o must be served by the owner of its inode
+// (Request.Home) in a cluster: a server that does not own it redirects
+// the client. Session upkeep is not, nor is giving back what this very
+// server handed out (a data lock, an open handle, POSIX locks of an owner).
+func (o Op) Owned() bool {
+	switch o {
+	case OpOpenSession, OpRenew, OpGoodbye, OpStatFs, OpLockRelease, OpRelease:
+		return false
+	}
+	return o > 0 && o < opEnd
+}
+
 func (o Op) Changes() bool {
 	switch o {
 	case OpSetAttr, OpCreate, OpMkdir, OpSymlink, OpLink, OpUnlink, OpRmdir, OpRename,
@@ -258,13 +271,26 @@ type Request struct {
 	// outlives its last link while they are open: the client sends them
 	// when it removes the file itself (OpUnlink, OpRename over it).
 	Opens uint32
-	Lk    PosixLk
+	// NoRedirect asks a server that does not own Home to serve the request
+	// anyway (taking the inode over) instead of redirecting: the client
+	// followed redirects long enough, or cannot reach the owner.
+	NoRedirect bool
+	Lk         PosixLk
 	// Spans, if set, make an OpWrite a vectored write: Data holds these
 	// ranges' bytes one after another (ascending, disjoint ranges; Off is
 	// unused). A client flushing scattered buffered writes sends them in
 	// a few requests instead of one per write.
 	Spans []Span
 	Data  []byte
+}
+
+// Home is the inode whose owner serves r in a cluster: the directory of a
+// change to a name, else the inode itself.
+func (r *Request) Home() ids.Ino {
+	if r.Parent != 0 {
+		return r.Parent
+	}
+	return r.Ino
 }
 
 // Span is one range of a vectored write.
@@ -321,6 +347,7 @@ func (r *Request) Append(b []byte) []byte {
 	e.u64(r.ReqID)
 	e.u64(r.Oldest)
 	e.u32(r.Opens)
+	e.bool(r.NoRedirect)
 	e.lk(&r.Lk)
 	e.u32(uint32(len(r.Spans)))
 	for _, sp := range r.Spans {
@@ -359,6 +386,7 @@ func ParseRequest(b []byte) (*Request, error) {
 	r.ReqID = d.u64()
 	r.Oldest = d.u64()
 	r.Opens = d.u32()
+	r.NoRedirect = d.bool()
 	d.lk(&r.Lk)
 	if n := d.count(MaxSpans, 12); n > 0 {
 		r.Spans = make([]Span, n)
@@ -420,6 +448,7 @@ const (
 	hasLk
 	hasAttr2
 	hasOpens
+	hasOwner
 )
 
 // Reply is the server application's answer. Any reply, whatever its Code
@@ -440,6 +469,9 @@ type Reply struct {
 	// client opened locally on the inode under the lock it gave up (see
 	// Request.Opens): the server counts them before the lock goes.
 	Opens uint32
+	// Owner, with CodeRedirect, is the server that owns the request's
+	// inode as far as the answering server knows.
+	Owner ids.ServerID
 }
 
 // Err returns the reply's error, nil for CodeOK.
@@ -498,6 +530,9 @@ func (r *Reply) Append(b []byte) []byte {
 	if r.Opens != 0 {
 		mask |= hasOpens
 	}
+	if r.Owner != 0 {
+		mask |= hasOwner
+	}
 	e.u16(mask)
 	if r.Attr != nil {
 		e.attr(r.Attr)
@@ -553,6 +588,9 @@ func (r *Reply) Append(b []byte) []byte {
 	}
 	if r.Opens != 0 {
 		e.u32(r.Opens)
+	}
+	if r.Owner != 0 {
+		e.u8(uint8(r.Owner))
 	}
 	return e.b
 }
@@ -627,7 +665,12 @@ func ParseReply(b []byte) (*Reply, error) {
 			d.fail(fmt.Errorf("%w: %d open handles", ErrTooLarge, r.Opens))
 		}
 	}
-	if mask >= hasOpens<<1 {
+	if mask&hasOwner != 0 {
+		if r.Owner = ids.ServerID(d.u8()); r.Owner == 0 {
+			d.fail(errors.New("wire: redirect to server 0"))
+		}
+	}
+	if mask >= hasOwner<<1 {
 		d.fail(fmt.Errorf("wire: unknown reply sections %#x", mask))
 	}
 	if err := d.end(); err != nil {

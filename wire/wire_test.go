@@ -10,7 +10,7 @@ import (
 func sampleRequest() *Request {
 	return &Request{Op: OpRename, Ino: 7, Parent: 1, NewPar: 2, Name: "a", NewName: "b",
 		Mode: 0o644, Uid: 1000, Flags: 3, Off: 1 << 40, Size: 4096, Atime: -5,
-		LockMode: LockExclusive, Version: 9, Opens: 2, Lk: PosixLk{Flock: true, Type: 1, Start: 1, End: 9, Pid: 4, Owner: 77},
+		LockMode: LockExclusive, Version: 9, Opens: 2, NoRedirect: true, Lk: PosixLk{Flock: true, Type: 1, Start: 1, End: 9, Pid: 4, Owner: 77},
 		Spans: []Span{{Off: 3, Len: 2}, {Off: 8, Len: 3}}, Data: []byte("hello")}
 }
 
@@ -30,7 +30,7 @@ func TestReplyRoundTrip(t *testing.T) {
 		Entries: []DirEntry{{Name: "f", Ino: 3, Mode: 0o100644, Off: 2}}, Data: []byte{1, 2},
 		Names: []string{"user.a"}, Session: &Session{ID: 5, Server: 1, Tau: 2e9, Delta: 0.05, GraceEnd: 3},
 		StatFs: &StatFs{Blocks: 1, NameLen: 255}, Grants: []Grant{{Ino: 3, Mode: LockShared, Seq: 4}},
-		Lk: &PosixLk{Type: 1, End: 5}, Opens: 3}
+		Lk: &PosixLk{Type: 1, End: 5}, Opens: 3, Owner: 2}
 	out, err := ParseReply(in.Append(nil))
 	if err != nil {
 		t.Fatal(err)
@@ -76,6 +76,17 @@ func TestRejects(t *testing.T) {
 	tooMany := sampleRequest()
 	tooMany.Opens = MaxOpens + 1
 	cases["too many opens"] = tooMany.Append(nil)
+	// NoRedirect comes before the POSIX lock (30 bytes), the span count and
+	// the data length (4 each)
+	badBool := sampleRequest()
+	badBool.Lk, badBool.Spans, badBool.Data = PosixLk{}, nil, nil
+	b := badBool.Append(nil)
+	if i := len(b) - (30 + 4 + 4 + 1); b[i] != 1 {
+		t.Fatalf("NoRedirect byte not where expected: %v", b[i-4:])
+	} else {
+		b[i] = 2
+		cases["bad boolean"] = b
+	}
 	for name, b := range cases {
 		if _, err := ParseRequest(b); err == nil {
 			t.Errorf("%s: parsed without error", name)
@@ -89,6 +100,11 @@ func TestRejects(t *testing.T) {
 	}
 	if _, err := ParseReply((&Reply{Opens: MaxOpens + 1}).Append(nil)); err == nil {
 		t.Error("reply with too many opens parsed")
+	}
+	zeroOwner := (&Reply{Code: CodeRedirect, Owner: 1}).Append(nil)
+	zeroOwner[len(zeroOwner)-1] = 0
+	if _, err := ParseReply(zeroOwner); err == nil {
+		t.Error("redirect to server 0 parsed")
 	}
 }
 

@@ -378,7 +378,7 @@ func printMount(w io.Writer, body []byte) error {
 	st := ms.Stats
 	if err := table(w, "FIELD\tVALUE", func(tw io.Writer) {
 		fmt.Fprintf(tw, "mountpoint\t%s\n", ms.Mountpoint)
-		fmt.Fprintf(tw, "server\t%s\n", ms.Server)
+		fmt.Fprintf(tw, "server\t%s (sessions with %d)\n", ms.Server, st.Servers)
 		fmt.Fprintf(tw, "client\t%s\n", ms.Client)
 		fmt.Fprintf(tw, "session\t%s\n", ms.Session)
 		fmt.Fprintf(tw, "pid\t%d\n", ms.Pid)
@@ -389,6 +389,7 @@ func printMount(w io.Writer, body []byte) error {
 		fmt.Fprintf(tw, "nacks received\t%d\n", st.NacksReceived)
 		fmt.Fprintf(tw, "recoveries\t%d\n", st.Recoveries)
 		fmt.Fprintf(tw, "revocations\t%d\n", st.Revocations)
+		fmt.Fprintf(tw, "redirects\t%d\n", st.Redirects)
 	}); err != nil {
 		return err
 	}

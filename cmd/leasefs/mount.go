@@ -26,7 +26,7 @@ func runMount(argv []string) error {
 	var tokenFile, token, faults string
 	var debug bool
 	var logging logFlags
-	fs.StringSliceVar(&cfg.Servers, "server", nil, "server address HOST:PORT, or several of one cluster (A,B,C or repeated): the mount uses one and fails over to the next (required)")
+	fs.StringSliceVar(&cfg.Servers, "server", nil, "server address HOST:PORT, or several of one cluster (A,B,C or repeated): requests go to the first that answers,\nor to the server that owns their inode if one redirects there; on failure to the next (required)")
 	fs.DurationVar(&cfg.FailoverTimeout, "failover-timeout", cfg.FailoverTimeout, "with several servers: how long a request may go unanswered before the mount checks that its server is alive and fails over if not")
 	fs.StringVar(&tokenFile, "token-file", "", "file holding the cluster's join token (the server's DATA/token)")
 	fs.StringVar(&token, "token", "", "the join token itself (prefer --token-file: command lines are visible to other users)")
