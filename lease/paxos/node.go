@@ -626,9 +626,12 @@ func (n *Node) renewDue(now clock.Time, p *proposal) bool {
 }
 
 func (n *Node) wakeRound(now clock.Time) {
-	if n.nextRound.IsZero() || n.nextRound.Before(now) {
+	if n.nextRound.IsZero() {
 		n.nextRound = now.Add(n.lease / 4)
 	}
+	// An overdue round is not put off: a node whose timer runs behind a
+	// stream of acquisitions would skip round after round, and every
+	// lease it holds would lapse unrenewed. It runs at the next Tick.
 	n.wake(n.nextRound)
 }
 
