@@ -211,6 +211,10 @@ type storeCore struct {
 	uncommitted func([]Write)
 	onAlloc     func(ids.Ino) error
 
+	// changeMu serialises replicated changes recorded with the same
+	// inode (striped; see update).
+	changeMu [256]sync.Mutex
+
 	inoMu    sync.Mutex
 	nextIno  uint64 // next counter value to hand out
 	inoLimit uint64 // counter values below this are reserved on disk
@@ -499,6 +503,15 @@ func (s *Store) Apply(writes []Write) error {
 }
 
 func (s *Store) update(fn func(tx *Tx) error) (*Tx, error) {
+	if s.repl != nil && s.origin.Ino != 0 {
+		// A replicated change can no longer be retried when its local
+		// commit conflicts (the replicas have it already): changes one
+		// client makes on one inode (they all rewrite its record of
+		// finished requests) go one after the other.
+		mu := &s.changeMu[uint64(s.origin.Ino)%uint64(len(s.changeMu))]
+		mu.Lock()
+		defer mu.Unlock()
+	}
 	tx := &Tx{st: s}
 	var err error
 	replicated := false

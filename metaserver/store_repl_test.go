@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/wire"
@@ -684,6 +687,48 @@ func BenchmarkApplyReplica(b *testing.B) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestReplConcurrentChanges: one client's concurrent changes of one inode
+// (writes and attribute changes, as a flush sends them) on a replicated
+// store all commit. A change that reached the replicas can no longer be
+// retried, so a local conflict after replication would fail it (and make
+// the server unavailable to its client).
+func TestReplConcurrentChanges(t *testing.T) {
+	var uncommitted atomic.Int32
+	s := openTestStore(t, t.TempDir(), StoreOptions{
+		OwnerEpoch: func(ids.Ino) (ids.Epoch, error) { return 1, nil },
+		Replicate: func([]Write) error {
+			time.Sleep(time.Millisecond) // the replicas' round trip
+			return nil
+		},
+		Uncommitted: func([]Write) { uncommitted.Add(1) },
+	})
+	t.Cleanup(func() { s.Close() })
+	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st := s.For(Origin{Ino: f.Ino, Client: 7, Req: uint64(i + 1), Oldest: 1})
+			var err error
+			if i%2 == 0 {
+				_, err = st.Write(f.Ino, uint64(i)*10, []byte("data"), int64(i))
+			} else {
+				_, err = st.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetMtime, Mtime: int64(i)}, int64(i))
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent change: %v (%d uncommitted)", err, uncommitted.Load())
 		}
 	}
 }

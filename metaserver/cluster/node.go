@@ -423,7 +423,9 @@ func (n *Node) HandlePeer(ctx context.Context, req *transport.Request) []byte {
 		select {
 		case n.inbox <- f.msg:
 		default:
-			n.st.recvDropped.Add(1)
+			if d := n.st.recvDropped.Add(1); d&(d-1) == 0 { // 1st, 2nd, 4th, ...
+				n.log.Warn("cluster: PaxosLease inbox full, message dropped", "from", f.msg.From, "dropped", d)
+			}
 		}
 		return okReply(nil)
 	case frameCall:
@@ -554,7 +556,9 @@ func (n *Node) onEvent(now clock.Time, e paxos.Event) {
 	case paxos.Lost:
 		n.st.losses.Add(1)
 		n.drop(e.Ino)
-		n.log.Warn("cluster: ownership lapsed", "ino", e.Ino, "epoch", paxos.FormatBallot(e.Epoch))
+		n.log.Warn("cluster: ownership lapsed", "ino", e.Ino, "epoch", paxos.FormatBallot(e.Epoch),
+			"paxos_send_errors", n.st.sendErrors.Load(), "paxos_send_dropped", n.st.sendDropped.Load(),
+			"paxos_recv_dropped", n.st.recvDropped.Load())
 		n.notify(Loss{Ino: e.Ino, Epoch: e.Epoch})
 		if len(n.waiters[e.Ino]) == 0 {
 			// stop wanting it: the server acquires afresh (and recovers the

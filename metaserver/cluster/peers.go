@@ -73,9 +73,13 @@ type Peers struct {
 }
 
 type link struct {
-	id       ids.ServerID
-	addr     string
-	c        *transport.Client
+	id   ids.ServerID
+	addr string
+	c    *transport.Client // calls: replication, recovery, hand-overs
+	// paxos carries PaxosLease messages on a connection of their own, so
+	// that bulk replication filling the calls' flow-control window never
+	// holds back a renewal (its lease would lapse).
+	paxos    *transport.Client
 	wake     chan struct{} // capacity 1
 	paxosSeq atomic.Uint64
 	callSeq  atomic.Uint64
@@ -110,14 +114,15 @@ func newPeers(cfg *Config, boot uint16, st *counters) *Peers {
 		}
 		addr := cfg.Peers[id]
 		l := &link{id: id, addr: addr, wake: make(chan struct{}, 1)}
-		l.c = transport.NewClient(addr, transport.ClientConfig{
+		ccfg := transport.ClientConfig{
 			Token:       cfg.Token,
 			ClientID:    PeerClientID(cfg.ID),
 			Hostname:    fmt.Sprintf("leasefs-server-%d", cfg.ID),
 			Logger:      cfg.Logger,
 			Faults:      cfg.Faults,
 			DialTimeout: max(cfg.SendTimeout, time.Second),
-		})
+		}
+		l.c, l.paxos = transport.NewClient(addr, ccfg), transport.NewClient(addr, ccfg)
 		p.links[id] = l
 		p.wg.Add(1)
 		go p.sendLoop(l)
@@ -131,6 +136,7 @@ func (p *Peers) close() {
 	p.wg.Wait()
 	for _, l := range p.links {
 		l.c.Close()
+		l.paxos.Close()
 	}
 }
 
@@ -274,7 +280,7 @@ func (p *Peers) sendFrame(l *link, f []byte, entries int) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.sendTimeout)
 	defer cancel()
 	h := transport.Header{Client: PeerClientID(p.self), Session: p.paxosSession, Seq: l.paxosSeq.Add(1)}
-	reply, err := l.c.Call(ctx, h, f)
+	reply, err := l.paxos.Call(ctx, h, f)
 	if err == nil {
 		_, err = parseReply(reply)
 	}
