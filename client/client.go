@@ -106,6 +106,9 @@ type Client struct {
 	mu    sync.Mutex
 	seq   uint64
 	cache *cache.Cache
+	// cacheGen counts cache drops (from 1): changes buffered in an earlier
+	// generation were made under locks since lost (dirtyFile.gen).
+	cacheGen uint64
 	// renewMargin is how long before a lease lapses the client renews it
 	// (τ/4 of the first session; every server of a cluster has the same τ).
 	renewMargin time.Duration
@@ -128,7 +131,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	var b [8]byte
 	_, _ = rand.Read(b[:])
-	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:])),
+	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:])), cacheGen: 1,
 		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), Invalidate: func(ids.Ino) {},
 		PathOf: func(ids.Ino) string { return "" }}
 	c.cache.SetDataBudget(cfg.CacheBytes)
@@ -256,12 +259,15 @@ var errRecovered = errors.New("client: session recovered after NACK")
 // callWith is call; with failOnNack a NACKed request is not sent again in
 // the new session but fails with errRecovered.
 func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool) (*wire.Reply, error) {
-	return c.send(ctx, req, apply, failOnNack, nil)
+	return c.send(ctx, req, apply, failOnNack, nil, 0)
 }
 
 // send is callWith; a non-nil to sends req to that server only (a
-// renewal of its lease) and fails if the client gives it up.
-func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool, to *conn) (_ *wire.Reply, err error) {
+// renewal of its lease) and fails if the client gives it up. A non-zero
+// gen sends a buffered change made in cache generation gen: if the cache
+// was dropped since, it fails with errRecovered unsent (failOnNack must be
+// set), as a NACK of it would have.
+func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool, to *conn, gen uint64) (_ *wire.Reply, err error) {
 	if !(req.Op == wire.OpPosixLock && req.Lk.Wait) {
 		// Only a lock wait can block for as long as another user likes,
 		// so only it gives way to a signal (EINTR). Anything else
@@ -297,6 +303,10 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 			}
 		}
 		c.mu.Lock()
+		if gen != 0 && gen != c.cacheGen {
+			c.mu.Unlock()
+			return nil, errRecovered
+		}
 		c.seq++
 		h := transport.Header{Client: c.id, Session: cn.session.ID, Seq: c.seq}
 		sent := c.clk.Now()
@@ -457,6 +467,7 @@ func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID)
 	dropped = cn.holds
 	if dropped {
 		inos = c.cache.DropAll()
+		c.cacheGen++
 	}
 	cn.holds = false
 	c.srv.mu.Lock()
@@ -610,7 +621,7 @@ func (c *Client) renewLoop() {
 		c.flushOld(context.Background())
 		for _, cn := range due {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cn.lease.Config().Tau))
-			_, _ = c.send(ctx, &wire.Request{Op: wire.OpRenew}, nil, false, cn)
+			_, _ = c.send(ctx, &wire.Request{Op: wire.OpRenew}, nil, false, cn, 0)
 			cancel()
 		}
 	}
@@ -668,7 +679,7 @@ func (c *Client) Close() error {
 		open := cn.lease != nil && cn.session.ID != 0
 		c.mu.Unlock()
 		if open {
-			_, _ = c.send(ctx, &wire.Request{Op: wire.OpGoodbye}, nil, false, cn)
+			_, _ = c.send(ctx, &wire.Request{Op: wire.OpGoodbye}, nil, false, cn, 0)
 		}
 		cn.tr.Close()
 	}

@@ -45,6 +45,10 @@ type dirtyFile struct {
 	attrs *wire.Request
 	since time.Time
 	base  uint64 // the file's version at the server the writes are based on
+	// gen is the client's cache generation (Client.cacheGen) when the
+	// file became dirty: once the cache was dropped since, the lock the
+	// changes were made under is gone and they may only be reclaimed.
+	gen uint64
 }
 
 // bufferedAttrs are the attribute changes a client may buffer under X:
@@ -173,6 +177,7 @@ func (c *Client) bufferChange(ino ids.Ino, change func(f *dirtyFile, attr *wire.
 	if !f.dirty() {
 		f.base = attr.Version
 		f.since = time.Now()
+		f.gen = c.cacheGen
 	}
 	change(f, attr)
 	c.cache.SetAttr(attr)
@@ -257,7 +262,13 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 		// if this is refused, the reclaim sends the writes again: the
 		// server answers them from its record of them, then takes the
 		// attributes
-		_, err = c.callWith(ctx, attrs, nil, true)
+		_, err = c.send(ctx, attrs, nil, true, nil, f.gen)
+	}
+	if err != nil && gone(err) {
+		// The file was removed (its last link, and nobody has it
+		// open): nobody can read what was buffered any more.
+		c.log.Debug("buffered changes of a removed file dropped", "ino", ino, "bytes", f.bytes)
+		err = nil
 	}
 	if err != nil {
 		if !errors.Is(err, errRecovered) {
@@ -277,6 +288,10 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	c.wb.mu.Unlock()
 	return nil
 }
+
+// gone reports whether a change failed because its file no longer exists
+// (not CodeStale: that is a reclaim's failed version check).
+func gone(err error) bool { return wire.CodeOf(err) == wire.CodeNotFound }
 
 // withAttrs makes the write w carry the attribute change a.
 func withAttrs(w, a *wire.Request) {
@@ -395,7 +410,7 @@ const (
 func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Request) error {
 	var versionMu sync.Mutex
 	send := func(r *wire.Request) error {
-		rep, err := c.callWith(ctx, r, nil, true)
+		rep, err := c.send(ctx, r, nil, true, nil, f.gen)
 		if err == nil && rep.Attr != nil {
 			// Our own writes move the version on; a reclaim compares
 			// against the newest one we caused.
@@ -554,6 +569,10 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, req
 		if err == nil {
 			_, err = c.callWith(ctx, f.attrs, nil, true)
 		}
+	}
+	if err != nil && gone(err) {
+		c.log.Debug("buffered changes of a removed file dropped", "ino", ino, "bytes", f.bytes)
+		return
 	}
 	if err == nil {
 		c.Counters.ReclaimsOK.Add(1)
