@@ -226,6 +226,29 @@ func (c *Cache) TakeOpens(ino ids.Ino) uint32 {
 	return uint32(n)
 }
 
+// Opens returns ino's local opens.
+func (c *Cache) Opens(ino ids.Ino) int {
+	if e := c.inodes[ino]; e != nil {
+		return e.opens
+	}
+	return 0
+}
+
+// Empty reports whether the client knows dir has no entries: it holds its
+// lock and knows all of them (MarkComplete), and each is known not to exist.
+func (c *Cache) Empty(dir ids.Ino) bool {
+	e := c.inodes[dir]
+	if e == nil || e.mode == wire.LockNone || !e.complete {
+		return false
+	}
+	for _, child := range e.names {
+		if child != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // BeginRemove is TakeOpens before a change that may remove ino's last
 // link; ino gets no local opens until EndRemove.
 func (c *Cache) BeginRemove(ino ids.Ino) uint32 {

@@ -83,6 +83,7 @@ type Counters struct {
 	ReclaimsOK, ReclaimsRefused, DataLost            atomic.Int64
 	Prefetches                                       atomic.Int64 // readahead requests sent
 	Redirects                                        atomic.Int64 // redirects to an inode's owner followed
+	RemovedBehind                                    atomic.Int64 // removals sent behind the caller
 }
 
 // Client is one mount's connection to leasefs.
@@ -115,6 +116,7 @@ type Client struct {
 
 	wb        writeback
 	ra        readAhead
+	behind    behind     // removals sent behind the caller
 	recoverMu sync.Mutex // one recovery at a time
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -135,6 +137,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), Invalidate: func(ids.Ino) {},
 		PathOf: func(ids.Ino) string { return "" }}
 	c.cache.SetDataBudget(cfg.CacheBytes)
+	c.behind.init()
 	if err := c.connect(ctx); err != nil {
 		return nil, fmt.Errorf("client: connect: %w", err)
 	}
@@ -259,6 +262,7 @@ var errRecovered = errors.New("client: session recovered after NACK")
 // callWith is call; with failOnNack a NACKed request is not sent again in
 // the new session but fails with errRecovered.
 func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool) (*wire.Reply, error) {
+	c.waitFor(req)
 	return c.send(ctx, req, apply, failOnNack, nil, 0)
 }
 
@@ -522,8 +526,9 @@ func (c *Client) onCallback(ctx context.Context, body []byte) []byte {
 			opens = c.cache.TakeOpens(cb.Ino)
 		}
 		c.mu.Unlock()
-		// Buffered writes reach the server before the lock goes: the
-		// next holder must read them.
+		// Removals sent behind, and buffered writes, reach the server
+		// before the lock goes: the next holder must see them.
+		c.behind.wait(cb.Ino)
 		if err := c.Flush(ctx, cb.Ino); err != nil {
 			return wire.ErrorReply(wire.Errf(wire.CodeIO, "flush before revocation: %v", err)).Append(nil)
 		}
@@ -642,6 +647,7 @@ type Stats struct {
 	Recoveries      int64
 	Revocations     int64
 	Redirects       int64
+	RemovedBehind   int64
 	ReclaimsOK      int64
 	ReclaimsRefused int64
 	DataLost        int64
@@ -658,7 +664,7 @@ func (c *Client) Stats() Stats {
 		CachedInodes: n, CachedDataBytes: c.cache.DataBytes(), Hits: hits, Misses: misses, Locks: c.cache.Locks(),
 		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
 		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load(),
-		Redirects: c.Counters.Redirects.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
+		Redirects: c.Counters.Redirects.Load(), RemovedBehind: c.Counters.RemovedBehind.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
 		DataLost: c.Counters.DataLost.Load(), Prefetches: c.Counters.Prefetches.Load()}
 	if home.lease != nil {
 		st.LeaseStats = home.lease.Stats()

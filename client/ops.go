@@ -24,20 +24,7 @@ func (c *Client) attrCall(ctx context.Context, req *wire.Request) (*wire.Attr, e
 // Lookup finds name in parent, from the cache when locks cover the entry
 // and the child's attributes.
 func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (*wire.Attr, error) {
-	var attr *wire.Attr
-	var negative bool
-	if c.cached(func(ch *cache.Cache) bool {
-		child, ok := ch.Entry(parent, name)
-		if !ok {
-			return false
-		}
-		if child == 0 {
-			negative = true
-			return true
-		}
-		attr, ok = ch.Attr(child)
-		return ok
-	}) {
+	if attr, negative, ok := c.lookupCached(parent, name); ok {
 		if negative {
 			return nil, wire.Err(wire.CodeNotFound)
 		}
@@ -59,6 +46,24 @@ func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (*wire
 		return nil, wire.Errf(wire.CodeIO, "lookup reply without attributes")
 	}
 	return rep.Attr, nil
+}
+
+// lookupCached is Lookup from the cache only; ok is false if the cache
+// cannot tell.
+func (c *Client) lookupCached(parent ids.Ino, name string) (attr *wire.Attr, negative, ok bool) {
+	ok = c.cached(func(ch *cache.Cache) bool {
+		child, known := ch.Entry(parent, name)
+		if !known {
+			return false
+		}
+		if child == 0 {
+			negative = true
+			return true
+		}
+		attr, known = ch.Attr(child)
+		return known
+	})
+	return attr, negative, ok
 }
 
 // GetAttr returns an inode's attributes, from the cache under a lock.
@@ -225,6 +230,9 @@ func (c *Client) Link(ctx context.Context, ino, newParent ids.Ino, name string) 
 // Unlink removes a non-directory entry.
 func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error {
 	child, _ := c.Lookup(ctx, parent, name)
+	if child != nil && c.removeBehind(parent, name, child, wire.OpUnlink) {
+		return nil
+	}
 	req := &wire.Request{Op: wire.OpUnlink, Parent: parent, Name: name}
 	if child != nil {
 		defer c.removing(req, child.Ino)()
@@ -260,7 +268,16 @@ func (c *Client) removing(req *wire.Request, ino ids.Ino) func() {
 
 // Rmdir removes an empty directory.
 func (c *Client) Rmdir(ctx context.Context, parent ids.Ino, name string) error {
-	_, err := c.call(ctx, &wire.Request{Op: wire.OpRmdir, Parent: parent, Name: name},
+	req := &wire.Request{Op: wire.OpRmdir, Parent: parent, Name: name}
+	if child, _, ok := c.lookupCached(parent, name); ok && child != nil {
+		if c.removeBehind(parent, name, child, wire.OpRmdir) {
+			return nil
+		}
+		req.Ino = child.Ino // waits for the removals sent behind in it
+	} else {
+		c.behind.waitAll() // which directory it is, the cache cannot tell
+	}
+	_, err := c.call(ctx, req,
 		func(ch *cache.Cache, rep *wire.Reply) {
 			if rep.Code == wire.CodeOK {
 				entryChanged(ch, parent, name, 0, rep.Attr2)

@@ -464,8 +464,9 @@ func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Requ
 	return firstErr
 }
 
-// FlushAll flushes every dirty file.
+// FlushAll flushes every dirty file, after the removals sent behind.
 func (c *Client) FlushAll(ctx context.Context) {
+	c.behind.waitAll()
 	c.wb.mu.Lock()
 	inos := make([]ids.Ino, 0, len(c.wb.files))
 	for ino := range c.wb.files {

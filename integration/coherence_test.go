@@ -673,3 +673,57 @@ func TestRemovedFileChangesDropped(t *testing.T) {
 		t.Fatalf("%d files reported lost; the mount's log:\n%s", st.DataLost, m.output())
 	}
 }
+
+// TestRemoveBehind: under a directory's X lock a mount removes files and
+// empty directories without waiting for the server, and whatever could see
+// a removal sees it: another mount's listing and lookups, a create under a
+// removed name, the other mount's view of a tree removed with rm -rf.
+func TestRemoveBehind(t *testing.T) {
+	s := startServer(t)
+	// a's packets take 0-20 ms, so that what a sends behind can be
+	// overtaken by what it acknowledges
+	a, b := startMount(t, s, "--faults", "jitter=20ms,reorder=0.2"), startMount(t, s)
+	tree := filepath.Join(a.dir, "tree")
+	// made by a: a holds the directories' X locks and knows their entries
+	for i := range 4 {
+		d := filepath.Join(tree, fmt.Sprintf("d%d", i))
+		must(t, os.MkdirAll(d, 0o755))
+		for j := range 30 {
+			must(t, os.WriteFile(filepath.Join(d, fmt.Sprintf("f%d", j)), []byte("x"), 0o644))
+		}
+	}
+	_, before := mountStats(t, a)
+	out, err := exec.Command("rm", "-rf", tree).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rm -rf: %v: %s", err, out)
+	}
+	_, after := mountStats(t, a)
+	if n := after.RemovedBehind - before.RemovedBehind; n < 4*30+4 {
+		t.Errorf("rm -rf of 120 files in 4 directories sent %d removals behind", n)
+	}
+	if _, err := os.Stat(filepath.Join(b.dir, "tree")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the other mount after rm -rf: %v", err)
+	}
+
+	// a name removed and created again at once
+	p := filepath.Join(a.dir, "again")
+	must(t, os.WriteFile(p, []byte("old"), 0o644))
+	must(t, os.Remove(p))
+	must(t, os.WriteFile(p, []byte("new"), 0o644))
+	wantFile(t, filepath.Join(b.dir, "again"), []byte("new"))
+
+	// a listing elsewhere right after removals
+	d := filepath.Join(a.dir, "list")
+	must(t, os.Mkdir(d, 0o755))
+	for i := range 40 {
+		must(t, os.WriteFile(filepath.Join(d, fmt.Sprintf("f%02d", i)), nil, 0o644))
+	}
+	for i := 0; i < 40; i += 2 {
+		must(t, os.Remove(filepath.Join(d, fmt.Sprintf("f%02d", i))))
+	}
+	names, err := os.ReadDir(filepath.Join(b.dir, "list"))
+	must(t, err)
+	if len(names) != 20 || names[0].Name() != "f01" {
+		t.Fatalf("the other mount lists %d names after 20 of 40 were removed (first %v)", len(names), names[0].Name())
+	}
+}

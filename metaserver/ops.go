@@ -264,6 +264,9 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		}))
 	case wire.OpUnlink:
 		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, s.once(sess, r, func() *wire.Reply {
+			if rep := s.namesOther(r); rep != nil {
+				return rep
+			}
 			a, err := st.Unlink(r.Parent, r.Name, now)
 			if err == nil {
 				s.removed(&a)
@@ -272,6 +275,9 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		}))
 	case wire.OpRmdir:
 		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, s.once(sess, r, func() *wire.Reply {
+			if rep := s.namesOther(r); rep != nil {
+				return rep
+			}
 			return s.withDirAttr(errReply(st.Rmdir(r.Parent, r.Name, now)), r.Parent)
 		}))
 	case wire.OpRename:
@@ -435,6 +441,18 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		return &wire.Reply{Lk: lk}
 	}
 	return wire.ErrorReply(wire.Errf(wire.CodeNotSupported, "operation %v", r.Op))
+}
+
+// namesOther refuses a removal with RemoveIfIno whose name no longer
+// names the inode the client meant (run under the locks).
+func (s *Server) namesOther(r *wire.Request) *wire.Reply {
+	if r.Flags&wire.RemoveIfIno == 0 {
+		return nil
+	}
+	if child := s.child(r.Parent, r.Name); child != r.Ino {
+		return wire.ErrorReply(wire.Errf(wire.CodeNotFound, "%q names %v, not %v", r.Name, child, r.Ino))
+	}
+	return nil
 }
 
 // withDirAttr adds to a successful change of dir's entries dir's

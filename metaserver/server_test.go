@@ -135,3 +135,38 @@ func TestRetryExecutesOnce(t *testing.T) {
 		t.Fatalf("second mkdir: %v", rep.Code)
 	}
 }
+
+// TestRemoveIfIno: a removal that names the inode it means removes nothing
+// when the name names another one now (a file created under the name since
+// the removal was first sent), and removes it when it is the one.
+func TestRemoveIfIno(t *testing.T) {
+	s := startTestServer(t)
+	c, other := connect(t, s), connect(t, s) // other looks the name up: c's raw calls leave its cache be
+	ctx := context.Background()
+	old, err := c.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Call(ctx, &wire.Request{Op: wire.OpUnlink, Parent: ids.RootIno, Name: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	cur, err := c.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []wire.Op{wire.OpUnlink, wire.OpRmdir} {
+		_, err = c.Call(ctx, &wire.Request{Op: op, Parent: ids.RootIno, Name: "f", Ino: old.Ino, Flags: wire.RemoveIfIno})
+		if wire.CodeOf(err) != wire.CodeNotFound {
+			t.Fatalf("%v of f meaning the removed %v: %v, want not found", op, old.Ino, err)
+		}
+	}
+	if a, err := other.Lookup(ctx, ids.RootIno, "f"); err != nil || a.Ino != cur.Ino {
+		t.Fatalf("f after the refused removals: %v, %v; want %v", a, err, cur.Ino)
+	}
+	if _, err := c.Call(ctx, &wire.Request{Op: wire.OpUnlink, Parent: ids.RootIno, Name: "f", Ino: cur.Ino, Flags: wire.RemoveIfIno}); err != nil {
+		t.Fatalf("unlink of f meaning %v: %v", cur.Ino, err)
+	}
+	if _, err := other.Lookup(ctx, ids.RootIno, "f"); wire.CodeOf(err) != wire.CodeNotFound {
+		t.Fatalf("f after its removal: %v", err)
+	}
+}

@@ -111,6 +111,12 @@ const (
 // round trip for open(O_CREAT)).
 const CreateOpen uint32 = 1
 
+// RemoveIfIno in an OpUnlink or OpRmdir request's Flags removes the name
+// only if it still names Ino (else CodeNotFound): a removal the client sent
+// behind its caller may be resent after a NACK, when the name may name a
+// file created since.
+const RemoveIfIno uint32 = 1
+
 // PosixReleaseOwner in an OpPosixLock request's Flags drops every lock of
 // Lk.Owner on the inode (its file was closed).
 const PosixReleaseOwner uint32 = 1

@@ -390,6 +390,7 @@ func printMount(w io.Writer, body []byte) error {
 		fmt.Fprintf(tw, "recoveries\t%d\n", st.Recoveries)
 		fmt.Fprintf(tw, "revocations\t%d\n", st.Revocations)
 		fmt.Fprintf(tw, "redirects\t%d\n", st.Redirects)
+		fmt.Fprintf(tw, "removals sent behind\t%d\n", st.RemovedBehind)
 	}); err != nil {
 		return err
 	}

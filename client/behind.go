@@ -1,0 +1,200 @@
+package client
+
+import (
+	"context"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// Removals behind the caller. Under the X lock of a directory the mount
+// knows its entries, and nobody else can see or change them: it removes a
+// name from its cache at once, returns, and sends the removal to the server
+// behind the caller (rm -rf then costs a FUSE round trip per file, not a
+// server round trip). Everything that could observe the removal waits for
+// it to reach the server first: any request naming the directory or the
+// removed inode (a listing, a create or rename there, a stat of the removed
+// file), a lookup of the removed name, a revocation of either lock, fsync,
+// close of the mount. The request says which inode it removes
+// (wire.RemoveIfIno), so a resend after a NACK never removes a file created
+// under that name since. A removal that fails at the server (it should not,
+// under the lock) is logged and the directory read again.
+
+// maxBehind bounds the removals in flight: more wait for a slot.
+const maxBehind = 64
+
+type behind struct {
+	mu    sync.Mutex
+	cond  sync.Cond
+	total int
+	inos  map[ids.Ino]int // removals in flight per directory and per removed inode
+	names map[dirName]int // and per removed name
+}
+
+type dirName struct {
+	dir  ids.Ino
+	name string
+}
+
+func (b *behind) init() {
+	b.cond.L = &b.mu
+	b.inos = map[ids.Ino]int{}
+	b.names = map[dirName]int{}
+}
+
+// reserve waits for a slot.
+func (b *behind) reserve() {
+	b.mu.Lock()
+	for b.total >= maxBehind {
+		b.cond.Wait()
+	}
+	b.total++
+	b.mu.Unlock()
+}
+
+// unreserve gives back a slot nothing used.
+func (b *behind) unreserve() {
+	b.mu.Lock()
+	b.total--
+	b.mu.Unlock()
+	b.cond.Broadcast()
+}
+
+// start records a removal in a reserved slot.
+func (b *behind) start(dir, child ids.Ino, name string) {
+	b.mu.Lock()
+	b.inos[dir]++
+	b.inos[child]++
+	b.names[dirName{dir, name}]++
+	b.mu.Unlock()
+}
+
+// done ends a removal and frees its slot.
+func (b *behind) done(dir, child ids.Ino, name string) {
+	b.mu.Lock()
+	for _, ino := range []ids.Ino{dir, child} {
+		if b.inos[ino]--; b.inos[ino] == 0 {
+			delete(b.inos, ino)
+		}
+	}
+	k := dirName{dir, name}
+	if b.names[k]--; b.names[k] == 0 {
+		delete(b.names, k)
+	}
+	b.total--
+	b.mu.Unlock()
+	b.cond.Broadcast()
+}
+
+// wait returns once no removal of or in any of inos is in flight.
+func (b *behind) wait(inos ...ids.Ino) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.pending(inos) {
+		b.cond.Wait()
+	}
+}
+
+func (b *behind) pending(inos []ids.Ino) bool {
+	for _, ino := range inos {
+		if ino != 0 && b.inos[ino] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// waitName returns once no removal of dir/name is in flight.
+func (b *behind) waitName(dir ids.Ino, name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.names[dirName{dir, name}] > 0 {
+		b.cond.Wait()
+	}
+}
+
+// waitAll returns once no removal is in flight.
+func (b *behind) waitAll() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.total > 0 {
+		b.cond.Wait()
+	}
+}
+
+// waitFor makes a request wait for the removals it could observe.
+func (c *Client) waitFor(req *wire.Request) {
+	switch req.Op {
+	case wire.OpRenew, wire.OpGoodbye, wire.OpOpenSession, wire.OpStatFs:
+		return
+	case wire.OpLookup:
+		// other names of the directory are not affected
+		c.behind.waitName(req.Parent, req.Name)
+		c.behind.wait(req.Ino)
+		return
+	}
+	c.behind.wait(req.Ino, req.Parent, req.NewPar)
+}
+
+// removeBehind removes parent/name (the inode child; a directory for
+// OpRmdir) in the cache and sends the removal behind the caller, if the
+// client holds parent's X lock and knows the removal succeeds; false if it
+// must be sent and waited for.
+func (c *Client) removeBehind(parent ids.Ino, name string, child *wire.Attr, op wire.Op) bool {
+	isDir := child.Mode&syscall.S_IFMT == syscall.S_IFDIR
+	if isDir != (op == wire.OpRmdir) {
+		return false
+	}
+	if isDir {
+		c.behind.wait(child.Ino) // the server must find it empty
+	}
+	c.behind.reserve()
+	c.mu.Lock()
+	now := c.clk.Now()
+	mode, _ := c.cache.Mode(parent)
+	ok := mode == wire.LockExclusive && c.leasesValid(now) && c.cache.Opens(child.Ino) == 0 &&
+		(!isDir || c.cache.Empty(child.Ino))
+	if ok {
+		if cur, known := c.cache.Entry(parent, name); !known || cur != child.Ino {
+			ok = false
+		}
+	}
+	if !ok {
+		c.mu.Unlock()
+		c.behind.unreserve()
+		return false
+	}
+	c.behind.start(parent, child.Ino, name)
+	c.Counters.RemovedBehind.Add(1)
+	if a, cached := c.cache.Attr(parent); cached {
+		// the times the server will give it, near enough; its next
+		// reply about the directory corrects them
+		t := time.Now().UnixNano()
+		a.Mtime, a.Ctime = t, t
+		if isDir {
+			a.Nlink--
+		}
+		c.cache.SetAttr(a)
+	}
+	c.cache.SetEntry(parent, name, 0)
+	c.cache.InvalidateDir(child.Ino) // its link count changed; a directory is gone
+	c.mu.Unlock()
+	req := &wire.Request{Op: op, Parent: parent, Name: name, Ino: child.Ino, Flags: wire.RemoveIfIno}
+	go func() {
+		defer c.behind.done(parent, child.Ino, name)
+		_, err := c.send(context.Background(), req, nil, false, nil, 0)
+		switch {
+		case err == nil:
+		case gone(err):
+			c.log.Debug("a removal sent behind found the name gone", "dir", parent, "name", name, "err", err)
+		default:
+			c.log.Warn("a removal sent behind failed at the server; the directory is read again",
+				"path", c.PathOf(parent), "name", name, "err", err)
+			c.forget(parent)
+		}
+	}()
+	return true
+}
