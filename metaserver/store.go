@@ -211,8 +211,8 @@ type storeCore struct {
 	uncommitted func([]Write)
 	onAlloc     func(ids.Ino) error
 
-	// changeMu serialises replicated changes recorded with the same
-	// inode (striped; see update).
+	// changeMu serialises changes recorded with the same inode (striped;
+	// see update).
 	changeMu [256]sync.Mutex
 
 	inoMu    sync.Mutex
@@ -503,11 +503,13 @@ func (s *Store) Apply(writes []Write) error {
 }
 
 func (s *Store) update(fn func(tx *Tx) error) (*Tx, error) {
-	if s.repl != nil && s.origin.Ino != 0 {
-		// A replicated change can no longer be retried when its local
-		// commit conflicts (the replicas have it already): changes one
-		// client makes on one inode (they all rewrite its record of
-		// finished requests) go one after the other.
+	if s.origin.Ino != 0 {
+		// Changes recorded with one inode go one after the other: they
+		// would conflict anyway (they rewrite its attributes, and one
+		// client's all rewrite its record of finished requests), and a
+		// replicated change can no longer be retried when its local
+		// commit conflicts (the replicas have it already). Waiting here
+		// beats a retry storm of removals behind (client/behind.go).
 		mu := &s.changeMu[uint64(s.origin.Ino)%uint64(len(s.changeMu))]
 		mu.Lock()
 		defer mu.Unlock()
