@@ -48,6 +48,7 @@ type servers struct {
 	byID    map[ids.ServerID]string  // where each server answered
 	route   map[ids.Ino]ids.ServerID // owners learnt from redirects and grants
 	sinceOK int                      // home failovers since a server last answered
+	goneAt  map[string]time.Time     // when the client last gave each server up
 	// lost are servers given up while they covered the cache, until
 	// the recovery drops it: nothing cached is trusted meanwhile.
 	lost map[*conn]struct{}
@@ -56,6 +57,10 @@ type servers struct {
 // maxRoutes bounds the owners the client remembers; beyond it they are
 // forgotten (requests then go home first and are redirected again).
 const maxRoutes = 200_000
+
+// recentlyGone, in failover timeouts, is how long after giving a server up
+// the client does not follow redirects to it.
+const recentlyGone = 4
 
 // maxRedirects is how many redirects one request follows before it asks
 // the server it reaches to serve it anyway: owners learnt by a server may
@@ -86,6 +91,7 @@ func (c *Client) connect(ctx context.Context) error {
 	c.srv.byID = map[ids.ServerID]string{}
 	c.srv.route = map[ids.Ino]ids.ServerID{}
 	c.srv.lost = map[*conn]struct{}{}
+	c.srv.goneAt = map[string]time.Time{}
 	var errs []error
 	for i, addr := range c.cfg.Servers {
 		cn := c.newConn(addr)
@@ -233,6 +239,12 @@ func (c *Client) follow(ctx context.Context, ino ids.Ino, owner ids.ServerID) bo
 		}
 	}
 	c.srv.mu.Lock()
+	if time.Since(c.srv.goneAt[addr]) < recentlyGone*c.cfg.FailoverTimeout {
+		// a redirect to a server that just stopped answering: its
+		// leases run out soon, and the server we reached takes over
+		c.srv.mu.Unlock()
+		return false
+	}
 	cn := c.srv.conns[addr]
 	if cn == nil {
 		cn = c.newConn(addr)
@@ -283,6 +295,7 @@ func (c *Client) giveUp(cn *conn, why string) {
 		return
 	}
 	cn.gone = true
+	c.srv.goneAt[cn.addr] = time.Now()
 	if cn.holds && cn.session.ID != 0 {
 		c.srv.lost[cn] = struct{}{}
 	}
