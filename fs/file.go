@@ -103,6 +103,9 @@ var (
 
 const dotEntries = 2
 
+// readDirBatch is how many entries one server request lists.
+const readDirBatch = 512
+
 // Readdirent returns the next entry, nil at the end.
 func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
 	switch d.after {
@@ -117,12 +120,14 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 		if d.eof {
 			return nil, 0
 		}
-		ents, err := d.n.c.ReadDir(ctx, d.n.ino(), d.after-dotEntries, 512)
+		ents, err := d.n.c.ReadDir(ctx, d.n.ino(), d.after-dotEntries, readDirBatch)
 		if err != nil {
 			return nil, toErrno(err)
 		}
+		// fewer than asked only at the end (wire.OpReadDir): no second
+		// request to learn that
+		d.eof = len(ents) < readDirBatch
 		if len(ents) == 0 {
-			d.eof = true
 			return nil, 0
 		}
 		for _, e := range ents {

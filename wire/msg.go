@@ -25,7 +25,7 @@ const (
 	OpUnlink
 	OpRmdir
 	OpRename
-	OpReadDir
+	OpReadDir // entries of Ino after cookie Off, at most Size; fewer only at the end
 	OpOpen
 	OpRelease
 	OpRead
