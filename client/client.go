@@ -98,11 +98,9 @@ type Client struct {
 	// which are unanswered.
 	inFlight changesInFlight
 
-	// Invalidate, set by fs before mounting, drops the kernel's caches of
-	// an inode (page cache and attributes). Called without locks held.
-	Invalidate func(ino ids.Ino)
-	// PathOf, set by fs, names an inode for log messages ("" if unknown).
-	PathOf func(ino ids.Ino) string
+	// hooks are the kernel side's (SetHooks): set while revocations may
+	// already come in, hence atomic.
+	hooks atomic.Pointer[Hooks]
 
 	mu    sync.Mutex
 	seq   uint64
@@ -134,8 +132,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:])), cacheGen: 1,
-		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), Invalidate: func(ids.Ino) {},
-		PathOf: func(ids.Ino) string { return "" }}
+		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{})}
 	c.cache.SetDataBudget(cfg.CacheBytes)
 	c.behind.init()
 	if err := c.connect(ctx); err != nil {
@@ -153,6 +150,33 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c.wg.Add(1)
 	go c.renewLoop()
 	return c, nil
+}
+
+// Hooks connect the client to the kernel side of a mount (fs).
+type Hooks struct {
+	// Invalidate drops the kernel's caches of an inode (page cache and
+	// attributes). Called without locks held.
+	Invalidate func(ino ids.Ino)
+	// PathOf names an inode for log messages ("" if unknown).
+	PathOf func(ino ids.Ino) string
+}
+
+// SetHooks installs the kernel side's hooks.
+func (c *Client) SetHooks(h Hooks) { c.hooks.Store(&h) }
+
+// Invalidate drops the kernel's caches of ino, if a kernel side is set.
+func (c *Client) Invalidate(ino ids.Ino) {
+	if h := c.hooks.Load(); h != nil && h.Invalidate != nil {
+		h.Invalidate(ino)
+	}
+}
+
+// PathOf names ino for log messages ("" if unknown).
+func (c *Client) PathOf(ino ids.Ino) string {
+	if h := c.hooks.Load(); h != nil && h.PathOf != nil {
+		return h.PathOf(ino)
+	}
+	return ""
 }
 
 // ID returns the client id.

@@ -53,31 +53,27 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		opts.Options = append(opts.Options, "default_permissions")
 		opts.DirectMountStrict = true
 	}
-	before := fuseFDs()
-	srv, err := gofs.Mount(dir, root, opts)
-	if err != nil {
-		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
-	}
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if names, err := newNameEpoch(before, fuseFDs()); err != nil {
-		log.Info("the kernel caches no names of this mount: every path lookup asks the mount", "why", err)
-	} else {
-		mnt.names = names
-	}
-	c.PathOf = func(ino ids.Ino) string {
+	// The hooks go in before the mount: a revocation can come any time.
+	pathOf := func(ino ids.Ino) string {
 		if v, ok := mnt.known.Load(ino); ok {
 			return "/" + v.(*Node).Path(nil)
 		}
 		return ""
 	}
-	c.Invalidate = func(ino ids.Ino) {
+	invalidate := func(ino ids.Ino) {
+		srv := mnt.srv.Load()
+		if srv == nil {
+			return // not mounted yet: the kernel has nothing cached
+		}
 		// Pages and attributes; ENOENT only means the kernel has
 		// nothing cached for it.
 		_ = srv.InodeNotify(uint64(ino), 0, 0)
-		if mnt.names == nil {
+		names := mnt.names.Load()
+		if names == nil {
 			return
 		}
 		// a directory's names, or one the kernel may know under another
@@ -85,10 +81,22 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		if v, ok := mnt.known.Load(ino); ok && !v.(*Node).IsDir() {
 			return
 		}
-		if err := mnt.names.bump(); err != nil {
+		if err := names.bump(); err != nil {
 			// the kernel could take it at mount: a broken connection
 			log.Warn("dropping the kernel's cached names failed", "err", err)
 		}
+	}
+	c.SetHooks(client.Hooks{Invalidate: invalidate, PathOf: pathOf})
+	before := fuseFDs()
+	srv, err := gofs.Mount(dir, root, opts)
+	if err != nil {
+		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
+	}
+	mnt.srv.Store(srv)
+	if names, err := newNameEpoch(before, fuseFDs()); err != nil {
+		log.Info("the kernel caches no names of this mount: every path lookup asks the mount", "why", err)
+	} else {
+		mnt.names.Store(names)
 	}
 	return srv, nil
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,8 +34,10 @@ type Node struct {
 type mountState struct {
 	known sync.Map // ino → *Node the kernel knows (paths for log messages; types)
 	// names bumps the kernel's name epoch; nil: the kernel cannot, and
-	// caches no names
-	names *nameEpoch
+	// caches no names. Set once the kernel mount exists, while requests
+	// and revocations may already run: hence atomic, as srv.
+	names atomic.Pointer[nameEpoch]
+	srv   atomic.Pointer[fuse.Server]
 }
 
 var _ = (gofs.NodeOnForgetter)((*Node)(nil))
@@ -85,7 +88,7 @@ func (n *Node) child(ctx context.Context, a *wire.Attr, out *fuse.EntryOut) *gof
 	fillAttr(a, &out.Attr)
 	out.NodeId = uint64(a.Ino)
 	out.SetAttrTimeout(n.c.AttrTTL(a.Ino))
-	if n.mnt.names != nil {
+	if n.mnt.names.Load() != nil {
 		// the name is this directory's: as long as its lock covers it
 		out.SetEntryTimeout(n.c.AttrTTL(n.ino()))
 	}
