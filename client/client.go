@@ -706,7 +706,7 @@ func (c *Client) Close() error {
 	c.FlushAll(ctx)
 	for _, cn := range c.live() {
 		c.mu.Lock()
-		open := cn.lease != nil && cn.session.ID != 0
+		open := cn.hasSession()
 		c.mu.Unlock()
 		if open {
 			_, _ = c.send(ctx, &wire.Request{Op: wire.OpGoodbye}, nil, false, cn, 0)

@@ -115,11 +115,12 @@ func (c *Client) connect(ctx context.Context) error {
 func (c *Client) homeConn() *conn {
 	c.srv.mu.Lock()
 	defer c.srv.mu.Unlock()
-	return c.homeLocked()
+	return c.connLocked(c.srv.addrs[c.srv.cur])
 }
 
-func (c *Client) homeLocked() *conn {
-	addr := c.srv.addrs[c.srv.cur]
+// connLocked returns the connection to addr, made if need be. Called with
+// c.srv.mu held.
+func (c *Client) connLocked(addr string) *conn {
 	cn := c.srv.conns[addr]
 	if cn == nil {
 		cn = c.newConn(addr)
@@ -127,6 +128,9 @@ func (c *Client) homeLocked() *conn {
 	}
 	return cn
 }
+
+// hasSession reports whether cn has a session open. Called with c.mu held.
+func (cn *conn) hasSession() bool { return cn.lease != nil && cn.session.ID != 0 }
 
 // Server returns the address of the home server.
 func (c *Client) Server() string {
@@ -189,7 +193,7 @@ func (c *Client) learnOwner(ino ids.Ino, server ids.ServerID) {
 // ensureSession opens a session on cn unless it has one.
 func (c *Client) ensureSession(ctx context.Context, cn *conn) error {
 	c.mu.Lock()
-	ok := cn.lease != nil && cn.session.ID != 0
+	ok := cn.hasSession()
 	c.mu.Unlock()
 	if ok {
 		return nil
@@ -197,7 +201,7 @@ func (c *Client) ensureSession(ctx context.Context, cn *conn) error {
 	cn.open.Lock()
 	defer cn.open.Unlock()
 	c.mu.Lock()
-	ok = cn.lease != nil && cn.session.ID != 0
+	ok = cn.hasSession()
 	c.mu.Unlock()
 	if ok {
 		return nil
@@ -245,11 +249,7 @@ func (c *Client) follow(ctx context.Context, ino ids.Ino, owner ids.ServerID) bo
 		c.srv.mu.Unlock()
 		return false
 	}
-	cn := c.srv.conns[addr]
-	if cn == nil {
-		cn = c.newConn(addr)
-		c.srv.conns[addr] = cn
-	}
+	cn := c.connLocked(addr)
 	c.srv.mu.Unlock()
 	if err := c.ensureSession(ctx, cn); err != nil {
 		c.log.Warn("cannot reach the owner a server redirected to; asking to be served where we are",
@@ -264,13 +264,8 @@ func (c *Client) follow(ctx context.Context, ino ids.Ino, owner ids.ServerID) bo
 // probe opens a session with the server at addr to learn its id (0 if it
 // does not answer).
 func (c *Client) probe(ctx context.Context, addr string) ids.ServerID {
-	cn := c.newConn(addr)
 	c.srv.mu.Lock()
-	if old := c.srv.conns[addr]; old != nil {
-		cn = old
-	} else {
-		c.srv.conns[addr] = cn
-	}
+	cn := c.connLocked(addr)
 	c.srv.mu.Unlock()
 	if err := c.ensureSession(ctx, cn); err != nil {
 		c.giveUp(cn, err.Error())
@@ -296,7 +291,7 @@ func (c *Client) giveUp(cn *conn, why string) {
 	}
 	cn.gone = true
 	c.srv.goneAt[cn.addr] = time.Now()
-	if cn.holds && cn.session.ID != 0 {
+	if cn.holds && cn.hasSession() {
 		c.srv.lost[cn] = struct{}{}
 	}
 	if c.srv.conns[cn.addr] == cn {

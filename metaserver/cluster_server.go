@@ -258,6 +258,12 @@ func (c *clusterState) redirect(r *wire.Request) *wire.Reply {
 	if r.NoRedirect || !r.Op.Owned() {
 		return nil
 	}
+	c.mu.Lock()
+	_, mine := c.recovered[r.Home()]
+	c.mu.Unlock()
+	if mine {
+		return nil // the usual case, without a round trip to the node's loop
+	}
 	n := c.node.Load()
 	if n == nil {
 		return nil
