@@ -84,33 +84,53 @@ func (c *Cache) putPage(e *entry, p *page) {
 	c.dataBytes += int64(len(p.data))
 }
 
-// ReadData returns size bytes at off from cached pages (fewer at the end of
-// the file), or false if a page is missing or no lock covers the inode.
-func (c *Cache) ReadData(ino ids.Ino, off uint64, size int) ([]byte, bool) {
+// ReadData copies into dest the bytes at off from cached pages (fewer at
+// the end of the file) and returns how many, or false if a page is missing
+// or no lock covers the inode.
+func (c *Cache) ReadData(ino ids.Ino, off uint64, dest []byte) (int, bool) {
 	e := c.inodes[ino]
 	if e == nil || e.mode == wire.LockNone || len(e.pages) == 0 {
-		return nil, false
+		return 0, false
 	}
-	out := make([]byte, 0, size)
-	for pos, end := off, off+uint64(size); pos < end; {
+	n := 0
+	for pos, end := off, off+uint64(len(dest)); pos < end; {
 		el, ok := e.pages[pos/PageSize]
 		if !ok {
-			return nil, false
+			return 0, false
 		}
 		p := el.Value.(*page)
 		in := pos % PageSize
 		if in >= uint64(len(p.data)) {
 			break // past the end of the file
 		}
-		n := min(uint64(len(p.data))-in, end-pos)
-		out = append(out, p.data[in:in+n]...)
-		pos += n
+		k := copy(dest[n:], p.data[in:])
+		n += k
+		pos += uint64(k)
 		c.lru.MoveToFront(el)
-		if len(p.data) < PageSize && in+n == uint64(len(p.data)) {
+		if len(p.data) < PageSize && in+uint64(k) == uint64(len(p.data)) {
 			break
 		}
 	}
-	return out, true
+	return n, true
+}
+
+// HasData reports whether the pages of [off, off+size) are cached (or the
+// file ends before), so that a read of them needs no server.
+func (c *Cache) HasData(ino ids.Ino, off, size uint64) bool {
+	e := c.inodes[ino]
+	if e == nil || e.mode == wire.LockNone || len(e.pages) == 0 {
+		return false
+	}
+	for idx := off / PageSize; idx*PageSize < off+size; idx++ {
+		el, ok := e.pages[idx]
+		if !ok {
+			return false
+		}
+		if len(el.Value.(*page).data) < PageSize {
+			return true // the file's last page
+		}
+	}
+	return true
 }
 
 // DropData forgets ino's cached pages; a read in flight will not cache

@@ -19,31 +19,41 @@ func (c *Cache) reply(grants []wire.Grant, ino ids.Ino, off uint64, data []byte,
 
 func filled(b byte) []byte { return bytes.Repeat([]byte{b}, PageSize) }
 
+// readData is ReadData into a fresh buffer of size bytes.
+func readData(c *Cache, ino ids.Ino, off uint64, size int) ([]byte, bool) {
+	buf := make([]byte, size)
+	n, ok := c.ReadData(ino, off, buf)
+	return buf[:n], ok
+}
+
 func TestDataServedOnlyUnderLock(t *testing.T) {
 	c := New(100)
 	c.SetDataBudget(1 << 20)
 	gen := c.DataGen()
 	c.PutData(5, 0, filled('a'), false, 1, gen) // no lock: ignored
-	if _, ok := c.ReadData(5, 0, 10); ok {
+	if _, ok := readData(c, 5, 0, 10); ok {
 		t.Fatal("data cached without a lock")
 	}
 	c.reply(shared(5, 1), 5, 0, append(filled('a'), 'b', 'c'), true, 1, gen)
-	got, ok := c.ReadData(5, PageSize-1, 100)
+	got, ok := readData(c, 5, PageSize-1, 100)
 	if !ok || string(got) != "abc" {
 		t.Fatalf("read across pages to EOF = %q, %v", got, ok)
 	}
-	if got, ok := c.ReadData(5, PageSize+2, 10); !ok || len(got) != 0 {
+	if got, ok := readData(c, 5, PageSize+2, 10); !ok || len(got) != 0 {
 		t.Fatalf("read at EOF = %q, %v; want empty, true", got, ok)
 	}
-	if _, ok := c.ReadData(5, 0, 3*PageSize); !ok {
+	if _, ok := readData(c, 5, 0, 3*PageSize); !ok {
 		t.Fatal("read past EOF from cache should be short, not a miss")
 	}
+	if !c.HasData(5, 0, 3*PageSize) || !c.HasData(5, PageSize, 1) || c.HasData(6, 0, 1) {
+		t.Fatal("HasData: the file's pages to its end are cached, another file's not")
+	}
 	c.Revoke(5, wire.LockShared, 2) // X→S keeps data... S→S is a no-op
-	if _, ok := c.ReadData(5, 0, 1); !ok {
+	if _, ok := readData(c, 5, 0, 1); !ok {
 		t.Fatal("data dropped by a revocation that left the lock")
 	}
 	c.Revoke(5, wire.LockNone, 3)
-	if _, ok := c.ReadData(5, 0, 1); ok || c.DataBytes() != 0 {
+	if _, ok := readData(c, 5, 0, 1); ok || c.DataBytes() != 0 {
 		t.Fatal("data kept after its lock was revoked")
 	}
 }
@@ -59,7 +69,7 @@ func TestReplyUnderVoidedGrant(t *testing.T) {
 	c.Revoke(5, wire.LockNone, 2)
 	c.Granted(wire.Grant{Ino: 5, Mode: wire.LockShared, Seq: 9})
 	c.reply(shared(5, 1), 5, 0, filled('o'), false, 1, gen)
-	if _, ok := c.ReadData(5, 0, 1); ok {
+	if _, ok := readData(c, 5, 0, 1); ok {
 		t.Fatal("data read under a revoked grant was cached")
 	}
 	c.ApplyReply(shared(5, 1), func() { c.SetAttr(&wire.Attr{Ino: 5, Size: 1}) })
@@ -75,7 +85,7 @@ func TestDataGenerationsAndVersions(t *testing.T) {
 	before := c.DataGen()
 	c.DropData(5) // a write this client made after the read was sent
 	c.reply(shared(5, 1), 5, 0, filled('o'), false, 1, before)
-	if _, ok := c.ReadData(5, 0, 1); ok {
+	if _, ok := readData(c, 5, 0, 1); ok {
 		t.Fatal("data fetched before a local write was cached")
 	}
 
@@ -84,18 +94,18 @@ func TestDataGenerationsAndVersions(t *testing.T) {
 	gen := c.DataGen()
 	c.reply(x1, 5, 0, filled('3'), false, 3, gen)
 	c.reply(x1, 5, 0, filled('2'), false, 2, gen)
-	if got, _ := c.ReadData(5, 0, 1); string(got) != "3" {
+	if got, _ := readData(c, 5, 0, 1); string(got) != "3" {
 		t.Fatalf("older reply overwrote a newer one: %q", got)
 	}
 	// A newer version that may not be cached still voids older pages.
 	c.BeginChange(5)
 	c.reply(x1, 5, 0, filled('4'), false, 4, c.DataGen())
-	if _, ok := c.ReadData(5, 0, 1); ok {
+	if _, ok := readData(c, 5, 0, 1); ok {
 		t.Fatal("pages served or cached while a change is in flight")
 	}
 	c.EndChange(5)
 	c.reply(x1, 5, 0, filled('3'), false, 3, c.DataGen())
-	if _, ok := c.ReadData(5, 0, 1); ok {
+	if _, ok := readData(c, 5, 0, 1); ok {
 		t.Fatal("version 3 cached after a read returned version 4")
 	}
 }
@@ -107,15 +117,15 @@ func TestDataBudget(t *testing.T) {
 	c.Granted(wire.Grant{Ino: 6, Mode: wire.LockShared, Seq: 2})
 	gen := c.DataGen()
 	c.PutData(5, 0, bytes.Repeat([]byte{'x'}, 3*PageSize), false, 1, gen)
-	c.ReadData(5, 0, 1) // page 0 recently used
+	readData(c, 5, 0, 1) // page 0 recently used
 	c.PutData(6, 0, bytes.Repeat([]byte{'y'}, 2*PageSize), false, 1, gen)
 	if c.DataBytes() > 4*PageSize {
 		t.Fatalf("cache holds %d bytes over a budget of %d", c.DataBytes(), 4*PageSize)
 	}
-	if _, ok := c.ReadData(5, 0, 1); !ok {
+	if _, ok := readData(c, 5, 0, 1); !ok {
 		t.Fatal("most recently used page evicted")
 	}
-	if _, ok := c.ReadData(5, PageSize, 1); ok {
+	if _, ok := readData(c, 5, PageSize, 1); ok {
 		t.Fatal("least recently used page kept over budget")
 	}
 	c.DropAll()

@@ -371,31 +371,32 @@ func (c *Client) Release(ctx context.Context, ino ids.Ino) error {
 	return err
 }
 
-// Read reads up to size bytes at off, after sending this client's buffered
-// writes of the file.
-func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, size int) ([]byte, error) {
+// Read reads into buf the bytes at off, fewer at the end of the file, after
+// sending this client's buffered writes of the file, and returns how many.
+func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, buf []byte) (int, error) {
 	// The generation before the flush: a write buffered after it (not in
 	// what the server returns) makes the fetched data uncacheable.
 	var gen uint64
 	c.withCache(func(ch *cache.Cache) { gen = ch.DataGen() })
 	if err := c.Flush(ctx, ino); err != nil {
-		return nil, err
+		return 0, err
 	}
-	var data []byte
+	var n int
 	fromCache := func() bool {
 		return c.cached(func(ch *cache.Cache) bool {
 			var ok bool
-			data, ok = ch.ReadData(ino, off, size)
+			n, ok = ch.ReadData(ino, off, buf)
 			return ok
 		})
 	}
 	if fromCache() || c.waitPrefetch(ctx, ino, off) && fromCache() {
-		c.readDone(ino, off, len(data))
-		return data, nil
+		c.readDone(ino, off, n)
+		return n, nil
 	}
 	// Whole pages, so that what comes back can be cached.
+	size := uint64(len(buf))
 	start := off &^ (cache.PageSize - 1)
-	end := (off + uint64(size) + cache.PageSize - 1) &^ (cache.PageSize - 1)
+	end := (off + size + cache.PageSize - 1) &^ (cache.PageSize - 1)
 	if c.readAround(ino) {
 		start = off &^ (readAroundSize - 1)
 		end = max(end, start+readAroundSize)
@@ -408,12 +409,11 @@ func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, size int) ([
 			ch.PutData(ino, start, rep.Data, uint64(len(rep.Data)) < end-start, rep.Attr.Version, gen)
 		})
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	data = rep.Data[min(off-start, uint64(len(rep.Data))):]
-	data = data[:min(len(data), size)]
-	c.readDone(ino, off, len(data))
-	return data, nil
+	n = copy(buf, rep.Data[min(off-start, uint64(len(rep.Data))):])
+	c.readDone(ino, off, n)
+	return n, nil
 }
 
 // readAroundSize is what a read missing the cache fetches at least: the

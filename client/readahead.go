@@ -113,13 +113,18 @@ func (c *Client) readDone(ino ids.Ino, off uint64, n int) {
 	// whole chunks only (but the file's last): a reader's small reads
 	// would otherwise each send a request as small
 	for from < limit && (limit-from >= readAheadChunk || limit == size) {
+		end := min(from+readAheadChunk, limit)
+		if c.cached(func(ch *cache.Cache) bool { return ch.HasData(ino, from, end-from) }) {
+			from = end // a re-read: nothing to fetch
+			continue
+		}
 		select {
 		case ra.slots <- struct{}{}:
 		default:
 			s.ahead = from
 			return
 		}
-		p := &prefetch{start: from, end: min(from+readAheadChunk, limit), done: make(chan struct{})}
+		p := &prefetch{start: from, end: end, done: make(chan struct{})}
 		s.fetches = append(s.fetches, p)
 		c.Counters.Prefetches.Add(1)
 		go c.fetchAhead(ino, p)

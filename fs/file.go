@@ -32,11 +32,11 @@ var (
 
 // Read reads from the server.
 func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	data, err := h.n.c.Read(ctx, h.n.ino(), uint64(off), len(dest))
+	n, err := h.n.c.Read(ctx, h.n.ino(), uint64(off), dest)
 	if err != nil {
 		return nil, toErrno(err)
 	}
-	return fuse.ReadResultData(data), 0
+	return fuse.ReadResultData(dest[:n]), 0
 }
 
 // Write buffers under an X lock or writes through (client.Write). O_APPEND

@@ -737,3 +737,48 @@ func TestRemoveBehind(t *testing.T) {
 		t.Fatalf("the other mount lists %d names after 20 of 40 were removed (first %v)", len(names), names[0].Name())
 	}
 }
+
+// TestReadHandleSeesWrites: a handle that keeps reading a file sees every
+// write, through another handle of this mount or through another mount.
+// (A kernel page cache kept for readers would fail it unless every write
+// dropped the pages it changes.)
+func TestReadHandleSeesWrites(t *testing.T) {
+	a, b := twoMounts(t)
+	p := filepath.Join(a.dir, "f")
+	must(t, os.WriteFile(p, patterned(256<<10, 3), 0o644))
+	r, err := os.Open(p)
+	must(t, err)
+	defer r.Close()
+	buf := make([]byte, 8)
+	readAt := func(off int64) string {
+		t.Helper()
+		if _, err := r.ReadAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+		return string(buf)
+	}
+	readAt(0)
+	w, err := os.OpenFile(p, os.O_WRONLY, 0)
+	must(t, err)
+	defer w.Close()
+	for i := range 200 {
+		v := fmt.Sprintf("local%03d", i)
+		off := int64(i%4) * 4096
+		_, err := w.WriteAt([]byte(v), off)
+		must(t, err)
+		if got := readAt(off); got != v {
+			t.Fatalf("write %d through another handle of this mount: read %q, want %q", i, got, v)
+		}
+	}
+	wb, err := os.OpenFile(filepath.Join(b.dir, "f"), os.O_WRONLY, 0)
+	must(t, err)
+	defer wb.Close()
+	for i := range 50 {
+		v := fmt.Sprintf("other%03d", i)
+		_, err := wb.WriteAt([]byte(v), 8192)
+		must(t, err)
+		if got := readAt(8192); got != v {
+			t.Fatalf("write %d through another mount: read %q, want %q", i, got, v)
+		}
+	}
+}

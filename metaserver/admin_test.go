@@ -186,7 +186,7 @@ func TestAdminAPI(t *testing.T) {
 	}
 
 	// A conflicting request makes the server revoke c1's lock on a.
-	if _, err := c2.Read(ctx, fa.Ino, 0, 5); err != nil {
+	if _, err := c2.Read(ctx, fa.Ino, 0, make([]byte, 5)); err != nil {
 		t.Fatal(err)
 	}
 

@@ -165,11 +165,12 @@ func readAll(ctx context.Context, t *testing.T, c *client.Client, ino ids.Ino) [
 	if err != nil {
 		t.Fatalf("getattr: %v", err)
 	}
-	data, err := c.Read(ctx, ino, 0, int(a.Size))
+	data := make([]byte, a.Size)
+	n, err := c.Read(ctx, ino, 0, data)
 	if err != nil {
 		t.Fatalf("read: %v", err)
 	}
-	return data
+	return data[:n]
 }
 
 // TestClusterHandover: a file written through server 1 is read and written
@@ -399,9 +400,10 @@ func TestClusterRestartNoGrace(t *testing.T) {
 	c = tc.connect(1)
 	for i, ino := range inos {
 		untilAvailable(t, "read", func() error {
-			got, err := c.Read(ctx, ino, 0, 100)
-			if err == nil && string(got) != fmt.Sprint("file ", i) {
-				t.Fatalf("f%d: %q", i, got)
+			got := make([]byte, 100)
+			n, err := c.Read(ctx, ino, 0, got)
+			if err == nil && string(got[:n]) != fmt.Sprint("file ", i) {
+				t.Fatalf("f%d: %q", i, got[:n])
 			}
 			return err
 		})

@@ -61,11 +61,12 @@ func readBig(ctx context.Context, t *testing.T, c *client.Client, ino ids.Ino) [
 		}
 		out = make([]byte, 0, a.Size)
 		for off := uint64(0); off < a.Size; off += 1 << 20 {
-			b, err := c.Read(ctx, ino, off, 1<<20)
+			b := make([]byte, 1<<20)
+			n, err := c.Read(ctx, ino, off, b)
 			if err != nil {
 				return fmt.Errorf("read at %d: %w", off, err)
 			}
-			out = append(out, b...)
+			out = append(out, b[:n]...)
 		}
 		return nil
 	})
