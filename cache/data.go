@@ -21,9 +21,10 @@ type page struct {
 }
 
 // The data cache holds file pages under S or X, in one LRU across files
-// bounded by bytes. Every change this client makes to a file's data drops
-// its pages (DropData) and bumps a generation, so a read that raced with
-// the change cannot put back what it fetched before it (PutData's gen).
+// bounded by bytes. A write this client buffers under its X lock goes into
+// the pages (WriteData); any other change of a file's data drops its pages
+// (DropData, BeginChange). Both bump a generation, so a read that raced
+// with the change cannot put back what it fetched before it (PutData's gen).
 
 // DataGen is the generation a reader takes before it asks the server; pass
 // it to PutData.
@@ -131,6 +132,79 @@ func (c *Cache) HasData(ino ids.Ino, off, size uint64) bool {
 		}
 	}
 	return true
+}
+
+// WriteData puts a write that this client buffered under its X lock into
+// ino's cached pages, so that reading back what it wrote needs no server:
+// pages the write covers whole (to the file's end, for the last) are
+// cached, pages it covers in part are patched where cached. size is the
+// file's size before the write. Reads in flight cache nothing: they
+// fetched the file without the write.
+func (c *Cache) WriteData(ino ids.Ino, off uint64, data []byte, size uint64) {
+	e := c.inodes[ino]
+	if e == nil {
+		return
+	}
+	c.dataGen++
+	e.dataDropped = c.dataGen
+	if e.mode != wire.LockExclusive || e.changing > 0 || c.dataMax <= 0 {
+		c.clearPages(e)
+		return
+	}
+	end := off + uint64(len(data))
+	newSize := max(size, end)
+	// The page that ended the file (short, or empty on a page boundary)
+	// no longer does: what lies between the old end and the write is a
+	// hole, zeros.
+	if el, ok := e.pages[size/PageSize]; ok && newSize > size {
+		c.growPage(el.Value.(*page), newSize)
+	}
+	// one copy of the write for all its new pages: a sequential writer's
+	// pages are evicted together, and each is capped so that growing one
+	// cannot write into the next
+	var buf []byte
+	for idx := off / PageSize; idx*PageSize < end; idx++ {
+		start := idx * PageSize
+		lo, hi := max(off, start), min(end, start+PageSize)
+		if el, ok := e.pages[idx]; ok {
+			p := el.Value.(*page)
+			c.growPage(p, newSize)
+			copy(p.data[lo-start:], data[lo-off:hi-off])
+			c.lru.MoveToFront(el)
+		} else if lo == start && hi == min(start+PageSize, newSize) {
+			if buf == nil {
+				buf = bytes.Clone(data[lo-off:])
+			}
+			if e.pages == nil {
+				e.pages = map[uint64]*list.Element{}
+			}
+			in := buf[len(buf)-int(end-lo):]
+			c.putPage(e, &page{ino: ino, idx: idx, data: in[:hi-lo : hi-lo]})
+		}
+	}
+	c.shrinkData()
+}
+
+// growPage extends a file's last page, zero-filled, to where a file of
+// size bytes has that page end.
+func (c *Cache) growPage(p *page, size uint64) {
+	want := min(PageSize, size-p.idx*PageSize)
+	if grow := int(want) - len(p.data); grow > 0 {
+		p.data = append(p.data, make([]byte, grow)...)
+		c.dataBytes += int64(grow)
+	}
+}
+
+// OwnVersion records that the server gave ino version v for a change this
+// client flushed: its pages, which have the change already (WriteData),
+// are of that version, and a read returning it must not drop them.
+func (c *Cache) OwnVersion(ino ids.Ino, v uint64) {
+	e := c.inodes[ino]
+	if e == nil || e.mode == wire.LockNone {
+		return
+	}
+	e.seenVersion = max(e.seenVersion, v)
+	e.dataVersion = max(e.dataVersion, v)
 }
 
 // DropData forgets ino's cached pages; a read in flight will not cache

@@ -133,3 +133,52 @@ func TestDataBudget(t *testing.T) {
 		t.Fatal("DropAll left data behind")
 	}
 }
+
+// TestWriteData: writes buffered under X go into the pages, so that the
+// file reads back as written without a server: whole pages are cached,
+// cached pages patched, a hole past the old end reads as zeros; a read
+// fetched before the write caches nothing, and the version the flush
+// gets keeps the pages when a later read returns it.
+func TestWriteData(t *testing.T) {
+	c := New(100)
+	c.SetDataBudget(1 << 20)
+	gen := c.DataGen()
+	c.reply([]wire.Grant{{Ino: 5, Mode: wire.LockExclusive, Seq: 1}}, 5, 0, []byte("abc"), true, 1, gen)
+	want := []byte("abc")
+	write := func(off int, data []byte) {
+		t.Helper()
+		c.WriteData(5, uint64(off), data, uint64(len(want)))
+		if end := off + len(data); end > len(want) {
+			want = append(want, make([]byte, end-len(want))...)
+		}
+		copy(want[off:], data)
+	}
+	write(1, []byte("XY"))                         // patches the cached page
+	write(2*PageSize, filled('w'))                 // a whole page past a hole
+	write(3*PageSize, []byte("tail"))              // the file's new last page, whole to its end
+	if _, ok := readData(c, 5, PageSize, 10); ok { // the hole's page was never cached
+		t.Fatal("a page nobody wrote or read is cached")
+	}
+	for _, r := range []struct{ off, size int }{{0, PageSize}, {2 * PageSize, 2*PageSize + 100}} {
+		got, ok := readData(c, 5, uint64(r.off), r.size)
+		if !ok || !bytes.Equal(got, want[r.off:min(r.off+r.size, len(want))]) {
+			t.Fatalf("read %d+%d after writes: %q, %v", r.off, r.size, got, ok)
+		}
+	}
+	stale := c.DataGen()
+	write(0, filled('n'))
+	c.reply([]wire.Grant{{Ino: 5, Mode: wire.LockExclusive, Seq: 1}}, 5, 0, filled('o'), false, 1, stale) // fetched before the write
+	if got, _ := readData(c, 5, 0, 1); string(got) != "n" {
+		t.Fatalf("a read fetched before the write overwrote it: %q", got)
+	}
+	c.OwnVersion(5, 7) // the flush's version
+	c.reply(nil, 5, 3*PageSize, []byte("tail"), true, 7, c.DataGen())
+	if got, ok := readData(c, 5, 2*PageSize, 1); !ok || string(got) != "w" {
+		t.Fatalf("pages dropped by a read returning the client's own version: %q, %v", got, ok)
+	}
+	c.Revoke(5, wire.LockShared, 2) // S keeps them
+	c.WriteData(5, 0, []byte("z"), uint64(len(want)))
+	if _, ok := readData(c, 5, 0, 1); ok {
+		t.Fatal("a write without an X lock left pages cached")
+	}
+}

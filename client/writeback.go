@@ -193,10 +193,10 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 			f.attrs.Valid &^= wire.SetMtime | wire.SetCtime
 		}
 		f.add(off, data)
+		c.cache.WriteData(ino, off, data, attr.Size)
 		attr.Size = max(attr.Size, off+uint64(len(data)))
 		attr.Mtime = time.Now().UnixNano()
 		attr.Ctime = attr.Mtime
-		c.cache.DropData(ino)
 	})
 	return ok
 }
@@ -262,7 +262,10 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 		// if this is refused, the reclaim sends the writes again: the
 		// server answers them from its record of them, then takes the
 		// attributes
-		_, err = c.send(ctx, attrs, nil, true, nil, f.gen)
+		var rep *wire.Reply
+		if rep, err = c.send(ctx, attrs, nil, true, nil, f.gen); err == nil {
+			c.ownVersion(ino, rep, f.gen)
+		}
 	}
 	if err != nil && gone(err) {
 		// The file was removed (its last link, and nobody has it
@@ -287,6 +290,20 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	}
 	c.wb.mu.Unlock()
 	return nil
+}
+
+// ownVersion tells the cache that the version a flushed change got is
+// the cached pages' (they have the change), unless the cache was dropped
+// since the change was buffered.
+func (c *Client) ownVersion(ino ids.Ino, rep *wire.Reply, gen uint64) {
+	if rep.Attr == nil {
+		return
+	}
+	c.mu.Lock()
+	if c.cacheGen == gen {
+		c.cache.OwnVersion(ino, rep.Attr.Version)
+	}
+	c.mu.Unlock()
 }
 
 // gone reports whether a change failed because its file no longer exists
@@ -417,6 +434,7 @@ func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Requ
 			versionMu.Lock()
 			f.base = max(f.base, rep.Attr.Version)
 			versionMu.Unlock()
+			c.ownVersion(r.Ino, rep, f.gen)
 		}
 		return err
 	}
