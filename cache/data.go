@@ -179,7 +179,7 @@ func (c *Cache) WriteData(ino ids.Ino, off uint64, data []byte, size uint64) {
 				e.pages = map[uint64]*list.Element{}
 			}
 			in := buf[len(buf)-int(end-lo):]
-			c.putPage(e, &page{ino: ino, idx: idx, data: in[:hi-lo : hi-lo]})
+			c.putPage(e, &page{ino: ino, idx: idx, data: in[: hi-lo : hi-lo]})
 		}
 	}
 	c.shrinkData()
