@@ -159,10 +159,6 @@ func (c *Cache) WriteData(ino ids.Ino, off uint64, data []byte, size uint64) {
 	if el, ok := e.pages[size/PageSize]; ok && newSize > size {
 		c.growPage(el.Value.(*page), newSize)
 	}
-	// one copy of the write for all its new pages: a sequential writer's
-	// pages are evicted together, and each is capped so that growing one
-	// cannot write into the next
-	var buf []byte
 	for idx := off / PageSize; idx*PageSize < end; idx++ {
 		start := idx * PageSize
 		lo, hi := max(off, start), min(end, start+PageSize)
@@ -172,14 +168,12 @@ func (c *Cache) WriteData(ino ids.Ino, off uint64, data []byte, size uint64) {
 			copy(p.data[lo-start:], data[lo-off:hi-off])
 			c.lru.MoveToFront(el)
 		} else if lo == start && hi == min(start+PageSize, newSize) {
-			if buf == nil {
-				buf = bytes.Clone(data[lo-off:])
-			}
 			if e.pages == nil {
 				e.pages = map[uint64]*list.Element{}
 			}
-			in := buf[len(buf)-int(end-lo):]
-			c.putPage(e, &page{ino: ino, idx: idx, data: in[: hi-lo : hi-lo]})
+			// a copy of its own: pages sharing one buffer would keep all
+			// of it alive while any of them stays, past the budget
+			c.putPage(e, &page{ino: ino, idx: idx, data: bytes.Clone(data[lo-off : hi-off])})
 		}
 	}
 	c.shrinkData()
