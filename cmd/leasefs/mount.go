@@ -54,10 +54,14 @@ func runMount(argv []string) error {
 	}
 	cfg.CacheBytes = *cacheMiB << 20
 	if os.Getenv("GOMEMLIMIT") == "" {
-		// Collect before the heap doubles past the data cache: a full cache
-		// is live data, and the default GOGC would let the process grow to
-		// twice its size.
-		rtdebug.SetMemoryLimit(cfg.CacheBytes + 256<<20)
+		// Collect before the heap doubles past the caches: full caches are
+		// live data, and the default GOGC would let the process grow to
+		// twice their size. The limit leaves room above them (cached
+		// inodes cost up to ~2 KiB each with their names and owners): a
+		// limit just above the live heap makes the collector run without
+		// pause (the full suite's untar took 20 s instead of 13 with only
+		// 256 MiB above the data cache).
+		rtdebug.SetMemoryLimit(cfg.CacheBytes + int64(cfg.CacheInodes)<<11 + 256<<20)
 	}
 	if len(cfg.Servers) == 0 {
 		return errors.New("--server is required")
