@@ -664,6 +664,7 @@ type Stats struct {
 	LeaseStats      lease.ClientStats
 	CachedInodes    int
 	CachedDataBytes int64
+	DirtyBytes      int64 // buffered writes not yet at the server
 	Hits, Misses    int64
 	Locks           []wire.Grant
 	Requests        int64
@@ -685,7 +686,7 @@ func (c *Client) Stats() Stats {
 	defer c.mu.Unlock()
 	hits, misses, n := c.cache.Stats()
 	st := Stats{Session: home.session.ID, Servers: len(c.live()), LeaseLeft: c.leaseRemaining(c.clk.Now()),
-		CachedInodes: n, CachedDataBytes: c.cache.DataBytes(), Hits: hits, Misses: misses, Locks: c.cache.Locks(),
+		CachedInodes: n, CachedDataBytes: c.cache.DataBytes(), DirtyBytes: c.wb.total.Load(), Hits: hits, Misses: misses, Locks: c.cache.Locks(),
 		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
 		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load(),
 		Redirects: c.Counters.Redirects.Load(), RemovedBehind: c.Counters.RemovedBehind.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,10 +25,17 @@ import (
 // and the next fsync or close of the file returns EIO.
 
 const (
-	flushThreshold = 8 << 20 // buffered bytes per file before a synchronous flush
+	// Buffered bytes of one file, and of all files together, before a
+	// write flushes its file synchronously. Each flush rewrites every
+	// server chunk it touches and stalls the writer: a random writer
+	// flushing every 8 MiB rewrote the same chunks over and over.
+	flushThreshold = 64 << 20
 	flushChunk     = 1 << 20 // bytes per write request when flushing
 	flushAge       = 2 * time.Second
 )
+
+// DirtyBudget bounds the bytes a client buffers for all files together.
+const DirtyBudget = 128 << 20
 
 type extent struct {
 	off  uint64
@@ -61,6 +69,7 @@ func (f *dirtyFile) dirty() bool { return len(f.extents) > 0 || f.attrs != nil }
 type writeback struct {
 	mu    sync.Mutex
 	files map[ids.Ino]*dirtyFile
+	total atomic.Int64 // bytes in the extents of all files
 	// lost counts lost-write events per inode; a handle that saw fewer
 	// reports EIO on its next fsync or close.
 	lost map[ids.Ino]uint64
@@ -79,6 +88,18 @@ func (w *writeback) file(ino ids.Ino, create bool) *dirtyFile {
 		w.files[ino] = f
 	}
 	return f
+}
+
+// retire empties f, which its caller holds locked, and forgets it, once
+// its changes are at the server (or lost).
+func (w *writeback) retire(ino ids.Ino, f *dirtyFile) {
+	w.total.Add(-int64(f.bytes))
+	f.extents, f.bytes, f.attrs = nil, 0, nil
+	w.mu.Lock()
+	if w.files[ino] == f {
+		delete(w.files, ino)
+	}
+	w.mu.Unlock()
 }
 
 // lockFile returns ino's dirty file, locked and still current: a flush
@@ -115,7 +136,7 @@ func (c *Client) LostGen(ino ids.Ino) uint64 {
 func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte, appendMode bool) error {
 	if !appendMode && c.buffer(ino, off, data) {
 		f := c.wb.file(ino, false)
-		if f != nil && f.size() >= flushThreshold {
+		if f != nil && (f.size() >= flushThreshold || c.wb.total.Load() >= DirtyBudget) {
 			return c.Flush(ctx, ino)
 		}
 		return nil
@@ -192,7 +213,9 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 			// buffered utimes would: the times the write gives win
 			f.attrs.Valid &^= wire.SetMtime | wire.SetCtime
 		}
+		before := f.bytes
 		f.add(off, data)
+		c.wb.total.Add(int64(f.bytes - before))
 		c.cache.WriteData(ino, off, data, attr.Size)
 		attr.Size = max(attr.Size, off+uint64(len(data)))
 		attr.Mtime = time.Now().UnixNano()
@@ -283,12 +306,7 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 		// answers it instead of refusing the version it moved on.
 		c.reclaimFile(ctx, ino, f, reqs)
 	}
-	f.extents, f.bytes, f.attrs = nil, 0, nil
-	c.wb.mu.Lock()
-	if c.wb.files[ino] == f {
-		delete(c.wb.files, ino)
-	}
-	c.wb.mu.Unlock()
+	c.wb.retire(ino, f)
 	return nil
 }
 
@@ -531,12 +549,7 @@ func (c *Client) reclaim(ctx context.Context) {
 			continue
 		}
 		c.reclaimFile(ctx, ino, f, nil)
-		f.extents, f.bytes, f.attrs = nil, 0, nil
-		c.wb.mu.Lock()
-		if c.wb.files[ino] == f {
-			delete(c.wb.files, ino)
-		}
-		c.wb.mu.Unlock()
+		c.wb.retire(ino, f)
 		f.mu.Unlock()
 	}
 }

@@ -3,6 +3,7 @@ package metaserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -168,5 +169,52 @@ func TestRemoveIfIno(t *testing.T) {
 	}
 	if _, err := other.Lookup(ctx, ids.RootIno, "f"); wire.CodeOf(err) != wire.CodeNotFound {
 		t.Fatalf("f after its removal: %v", err)
+	}
+}
+
+// TestDirtyBudget: a client writing several files under X buffers no more
+// than client.DirtyBudget for all of them together (plus the write that
+// crosses it), and every byte reaches the server.
+func TestDirtyBudget(t *testing.T) {
+	s := startTestServer(t)
+	c := connect(t, s)
+	ctx := context.Background()
+	const files, perFile, write = 3, 60 << 20, 1 << 20
+	data := make([]byte, write)
+	var inos []ids.Ino
+	for f := range files {
+		a, err := c.Create(ctx, ids.RootIno, fmt.Sprint("f", f), 0o100644, 0, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inos = append(inos, a.Ino)
+	}
+	most := int64(0)
+	for off := 0; off < perFile; off += write {
+		for f, ino := range inos {
+			data[0], data[1] = byte(f), byte(off>>20)
+			if err := c.Write(ctx, ino, uint64(off), data, false); err != nil {
+				t.Fatal(err)
+			}
+			most = max(most, c.Stats().DirtyBytes)
+		}
+	}
+	if most > client.DirtyBudget+write {
+		t.Fatalf("%d bytes buffered at most, budget %d", most, client.DirtyBudget)
+	}
+	if most < client.DirtyBudget/2 {
+		t.Fatalf("only %d bytes ever buffered: writes were not buffered under X", most)
+	}
+	other := connect(t, s) // its reads revoke the writer's locks: the rest is flushed
+	buf := make([]byte, 2)
+	for f, ino := range inos {
+		for off := 0; off < perFile; off += write {
+			if n, err := other.Read(ctx, ino, uint64(off), buf); err != nil || n != 2 || buf[0] != byte(f) || buf[1] != byte(off>>20) {
+				t.Fatalf("file %d at %d MiB: %v %v", f, off>>20, buf[:n], err)
+			}
+		}
+	}
+	if d := c.Stats().DirtyBytes; d != 0 {
+		t.Fatalf("%d bytes still counted as buffered after every file was flushed", d)
 	}
 }

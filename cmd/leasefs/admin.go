@@ -384,6 +384,7 @@ func printMount(w io.Writer, body []byte) error {
 		fmt.Fprintf(tw, "pid\t%d\n", ms.Pid)
 		fmt.Fprintf(tw, "lease left\t%v\n", st.LeaseLeft.Round(time.Millisecond))
 		fmt.Fprintf(tw, "cached inodes\t%d (hits %d, misses %d)\n", st.CachedInodes, st.Hits, st.Misses)
+		fmt.Fprintf(tw, "cached data\t%d KiB (buffered writes %d KiB)\n", st.CachedDataBytes>>10, st.DirtyBytes>>10)
 		fmt.Fprintf(tw, "locks held\t%d\n", len(st.Locks))
 		fmt.Fprintf(tw, "requests\t%d (explicit renewals %d)\n", st.Requests, st.LeaseStats.Renewals)
 		fmt.Fprintf(tw, "nacks received\t%d\n", st.NacksReceived)

@@ -57,11 +57,12 @@ func runMount(argv []string) error {
 		// Collect before the heap doubles past the caches: full caches are
 		// live data, and the default GOGC would let the process grow to
 		// twice their size. The limit leaves room above them (cached
-		// inodes cost up to ~2 KiB each with their names and owners): a
-		// limit just above the live heap makes the collector run without
-		// pause (the full suite's untar took 20 s instead of 13 with only
-		// 256 MiB above the data cache).
-		rtdebug.SetMemoryLimit(cfg.CacheBytes + int64(cfg.CacheInodes)<<11 + 256<<20)
+		// inodes cost up to ~2 KiB each with their names and owners,
+		// buffered writes up to client.DirtyBudget): a limit just above
+		// the live heap makes the collector run without pause (the full
+		// suite's untar took 20 s instead of 13 with only 256 MiB above
+		// the data cache).
+		rtdebug.SetMemoryLimit(cfg.CacheBytes + int64(cfg.CacheInodes)<<11 + client.DirtyBudget + 256<<20)
 	}
 	if len(cfg.Servers) == 0 {
 		return errors.New("--server is required")
