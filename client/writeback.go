@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasefs/leasefs/cache"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -285,15 +286,9 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 		// if this is refused, the reclaim sends the writes again: the
 		// server answers them from its record of them, then takes the
 		// attributes
-		var rep *wire.Reply
-		if rep, err = c.send(ctx, attrs, nil, true, nil, f.gen); err == nil {
-			c.ownVersion(ino, rep, f.gen)
-		}
+		_, err = c.send(ctx, attrs, ownVersion, true, nil, f.gen)
 	}
-	if err != nil && gone(err) {
-		// The file was removed (its last link, and nobody has it
-		// open): nobody can read what was buffered any more.
-		c.log.Debug("buffered changes of a removed file dropped", "ino", ino, "bytes", f.bytes)
+	if c.removedWhileDirty(ino, f, err) {
 		err = nil
 	}
 	if err != nil {
@@ -310,23 +305,28 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	return nil
 }
 
-// ownVersion tells the cache that the version a flushed change got is
-// the cached pages' (they have the change), unless the cache was dropped
-// since the change was buffered.
-func (c *Client) ownVersion(ino ids.Ino, rep *wire.Reply, gen uint64) {
-	if rep.Attr == nil {
-		return
+// ownVersion, applied with a flushed change's reply, tells the cache that
+// the version the change got is the cached pages' (they have it already).
+func ownVersion(ch *cache.Cache, rep *wire.Reply) {
+	if rep.Code == wire.CodeOK && rep.Attr != nil {
+		ch.OwnVersion(rep.Attr.Ino, rep.Attr.Version)
 	}
-	c.mu.Lock()
-	if c.cacheGen == gen {
-		c.cache.OwnVersion(ino, rep.Attr.Version)
-	}
-	c.mu.Unlock()
 }
 
 // gone reports whether a change failed because its file no longer exists
 // (not CodeStale: that is a reclaim's failed version check).
 func gone(err error) bool { return wire.CodeOf(err) == wire.CodeNotFound }
+
+// removedWhileDirty reports (and logs) whether sending f's changes failed
+// because the file was removed (its last link, and nobody has it open):
+// nobody can read what was buffered any more.
+func (c *Client) removedWhileDirty(ino ids.Ino, f *dirtyFile, err error) bool {
+	if !gone(err) {
+		return false
+	}
+	c.log.Debug("buffered changes of a removed file dropped", "ino", ino, "bytes", f.bytes)
+	return true
+}
 
 // withAttrs makes the write w carry the attribute change a.
 func withAttrs(w, a *wire.Request) {
@@ -445,14 +445,13 @@ const (
 func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Request) error {
 	var versionMu sync.Mutex
 	send := func(r *wire.Request) error {
-		rep, err := c.send(ctx, r, nil, true, nil, f.gen)
+		rep, err := c.send(ctx, r, ownVersion, true, nil, f.gen)
 		if err == nil && rep.Attr != nil {
 			// Our own writes move the version on; a reclaim compares
 			// against the newest one we caused.
 			versionMu.Lock()
 			f.base = max(f.base, rep.Attr.Version)
 			versionMu.Unlock()
-			c.ownVersion(r.Ino, rep, f.gen)
 		}
 		return err
 	}
@@ -602,8 +601,7 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, req
 			_, err = c.callWith(ctx, f.attrs, nil, true)
 		}
 	}
-	if err != nil && gone(err) {
-		c.log.Debug("buffered changes of a removed file dropped", "ino", ino, "bytes", f.bytes)
+	if c.removedWhileDirty(ino, f, err) {
 		return
 	}
 	if err == nil {
