@@ -111,6 +111,9 @@ type Client struct {
 	// renewMargin is how long before a lease lapses the client renews it
 	// (τ/4 of the first session; every server of a cluster has the same τ).
 	renewMargin time.Duration
+	// kernelCaches: the kernel may hold names or attributes given with a
+	// TTL (AttrTTL) since renewLoop last dropped them.
+	kernelCaches bool
 
 	wb        writeback
 	ra        readAhead
@@ -147,8 +150,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		}
 		return nil, fmt.Errorf("client: open session with %s: %w", addr, err)
 	}
-	c.wg.Add(1)
+	c.wg.Add(2)
 	go c.renewLoop()
+	go c.kernelLoop()
 	return c, nil
 }
 
@@ -157,6 +161,9 @@ type Hooks struct {
 	// Invalidate drops the kernel's caches of an inode (page cache and
 	// attributes). Called without locks held.
 	Invalidate func(ino ids.Ino)
+	// DropKernel drops every name and attribute the kernel caches, before
+	// a lease lapses. Called without locks held.
+	DropKernel func()
 	// PathOf names an inode for log messages ("" if unknown).
 	PathOf func(ino ids.Ino) string
 }
@@ -652,6 +659,41 @@ func (c *Client) renewLoop() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cn.lease.Config().Tau))
 			_, _ = c.send(ctx, &wire.Request{Op: wire.OpRenew}, nil, false, cn, 0)
 			cancel()
+		}
+	}
+}
+
+// kernelLoop drops the kernel's cached names and attributes (given with
+// AttrTTL) while a lease that covers them still runs but was not renewed
+// in time: the kernel answers from them without asking the mount. Apart
+// from renewLoop, whose renewals can wait for an unreachable server.
+func (c *Client) kernelLoop() {
+	defer c.wg.Done()
+	t := time.NewTicker(time.Duration(c.Session().Tau) / 16)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		// AttrTTL stopped handing out TTLs when the margin began, half a
+		// margin before this.
+		drop := c.kernelCaches && c.leaseRemaining(c.clk.Now()) < c.renewMargin/2
+		if drop {
+			c.kernelCaches = false
+		}
+		locked := c.cache.HoldsLocks()
+		c.mu.Unlock()
+		if !drop {
+			continue
+		}
+		if locked {
+			c.log.Info("lease not renewed near its end: the kernel's cached names and attributes dropped")
+		}
+		if h := c.hooks.Load(); h != nil && h.DropKernel != nil {
+			h.DropKernel()
 		}
 	}
 }

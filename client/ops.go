@@ -505,21 +505,29 @@ func (c *Client) ReleaseLockOwner(ctx context.Context, ino ids.Ino, owner uint64
 	return err
 }
 
-// maxKernelTTL bounds how long the kernel may keep attributes the client
-// gave it under a lock; a revocation invalidates them sooner (Invalidate).
-const maxKernelTTL = time.Second
+// KernelTTL is how long the kernel may keep names and attributes the
+// client gave it under a lock. It is long because nothing waits for it to
+// run out: a revocation drops them at once (Invalidate), and a lease about
+// to lapse drops them all (renewLoop, Hooks.DropKernel). It bounds only
+// how long a stopped mount process (SIGSTOP, a debugger) leaves its
+// kernel answering stat and path lookups from what it cached.
+const KernelTTL = 30 * time.Second
 
-// AttrTTL is how long the kernel may cache ino's attributes: while the
-// client holds a lock on ino and, at most, until its lease could lapse.
-// Zero without a lock. (The kernel itself discards a reply that a
-// concurrent invalidation overtook: FUSE's attr_version.)
+// AttrTTL is how long the kernel may cache ino's attributes (and the names
+// of a directory ino): KernelTTL while the client holds a lock on ino and
+// its leases are not in their renewal margin, else zero. A reply handed out
+// with a TTL reaches the kernel well before renewLoop could drop the
+// kernel's caches for a lapsing lease, at half the margin. (The kernel
+// itself discards attributes that a concurrent invalidation overtook:
+// FUSE's attr_version; and names looked up before an epoch bump.)
 func (c *Client) AttrTTL(ino ids.Ino) time.Duration {
 	var ttl time.Duration
 	c.cached(func(ch *cache.Cache) bool {
-		if mode, _ := ch.Mode(ino); mode != wire.LockNone {
-			ttl = min(maxKernelTTL, c.leaseRemaining(c.clk.Now())-c.renewMargin)
+		if mode, _ := ch.Mode(ino); mode != wire.LockNone && c.leaseRemaining(c.clk.Now()) >= c.renewMargin {
+			ttl = KernelTTL
+			c.kernelCaches = true
 		}
 		return true
 	})
-	return max(ttl, 0)
+	return ttl
 }

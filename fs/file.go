@@ -22,6 +22,12 @@ type fileHandle struct {
 	owners map[uint64]bool // lock owners that locked through this handle
 }
 
+// newFileHandle opens a handle of n; Release closes it.
+func newFileHandle(n *Node, flags uint32, lostGen uint64) *fileHandle {
+	n.opens.Add(1)
+	return &fileHandle{n: n, flags: flags, lostGen: lostGen}
+}
+
 var (
 	_ = (gofs.FileReader)((*fileHandle)(nil))
 	_ = (gofs.FileWriter)((*fileHandle)(nil))
@@ -81,6 +87,7 @@ func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 
 // Release is the last close of the handle.
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
+	defer h.n.opens.Add(-1)
 	h.releaseLocks()
 	_ = h.n.c.Flush(context.Background(), h.n.ino())
 	return toErrno(h.n.c.Release(context.Background(), h.n.ino()))

@@ -86,7 +86,30 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 			log.Warn("dropping the kernel's cached names failed", "err", err)
 		}
 	}
-	c.SetHooks(client.Hooks{Invalidate: invalidate, PathOf: pathOf})
+	// dropKernel forgets every name (the epoch) and the attributes of what
+	// the kernel reaches without a path lookup (which the epoch makes ask
+	// again): open files, and directories and the root, which may be a
+	// working directory or open. Offset -1: attributes only, which takes
+	// no page lock.
+	dropKernel := func() {
+		srv := mnt.srv.Load()
+		if srv == nil {
+			return
+		}
+		if names := mnt.names.Load(); names != nil {
+			if err := names.bump(); err != nil {
+				log.Warn("dropping the kernel's cached names failed", "err", err)
+			}
+		}
+		_ = srv.InodeNotify(uint64(ids.RootIno), -1, 0)
+		mnt.known.Range(func(k, v any) bool {
+			if n := v.(*Node); n.IsDir() || n.opens.Load() > 0 {
+				_ = srv.InodeNotify(uint64(k.(ids.Ino)), -1, 0)
+			}
+			return true
+		})
+	}
+	c.SetHooks(client.Hooks{Invalidate: invalidate, DropKernel: dropKernel, PathOf: pathOf})
 	before := fuseFDs()
 	srv, err := gofs.Mount(dir, root, opts)
 	if err != nil {

@@ -26,8 +26,9 @@ const StatusXattr = "user.leasefs.status"
 // Node is one leasefs inode as the kernel sees it.
 type Node struct {
 	gofs.Inode
-	c   *client.Client
-	mnt *mountState
+	c     *client.Client
+	mnt   *mountState
+	opens atomic.Int32 // open file handles: the kernel reaches these without a lookup
 }
 
 // mountState is what the nodes of one mount share.
@@ -170,7 +171,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	a, err := n.c.CreateOpen(ctx, n.ino(), name, mode|syscall.S_IFREG, uid, gid)
 	if err == nil {
 		in := n.child(ctx, a, out)
-		return in, &fileHandle{n: in.Operations().(*Node), flags: flags}, fuse.FOPEN_DIRECT_IO, 0
+		return in, newFileHandle(in.Operations().(*Node), flags, 0), fuse.FOPEN_DIRECT_IO, 0
 	}
 	if wire.CodeOf(err) != wire.CodeExists || flags&syscall.O_EXCL != 0 {
 		return nil, nil, 0, toErrno(err)
@@ -325,7 +326,7 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	if _, err := n.c.Open(ctx, n.ino(), flags); err != nil {
 		return nil, 0, toErrno(err)
 	}
-	h := &fileHandle{n: n, flags: flags, lostGen: n.c.LostGen(n.ino())}
+	h := newFileHandle(n, flags, n.c.LostGen(n.ino()))
 	// direct_io for every handle: a write through this mount does not drop
 	// the kernel's pages of the file kept for another handle here, so a
 	// page cache kept under a data lock could serve stale data

@@ -425,6 +425,59 @@ func TestLeaseSoftTimeout(t *testing.T) {
 	wantFile(t, filepath.Join(a.dir, "u"), []byte("u\n"))
 }
 
+// TestLeaseLapseDropsKernelCache: the kernel keeps names and attributes
+// given under locks for long (client.KernelTTL), past the 1 s of the
+// loopback's timeouts, and answers stat from them without asking the mount.
+// When the lease cannot be renewed (the server frozen), the mount drops
+// them while the lease still runs: a stat by path and an fstat of an open
+// file then ask the mount, which cannot vouch for its cache and fails them
+// (a soft mount), instead of the kernel answering from what it cached.
+func TestLeaseLapseDropsKernelCache(t *testing.T) {
+	const tau = time.Second
+	s := startServer(t, "--client-lease", tau.String(), "--delivery-timeout", (tau / 4).String())
+	// The soft timeout outlasts a new server's grace period (τ(1+δ)), which
+	// the mount's first lock waits for.
+	a := startMount(t, s, "--soft-timeout", "2s")
+	must(t, os.Mkdir(filepath.Join(a.dir, "d"), 0o755))
+	f := filepath.Join(a.dir, "d/f")
+	writeSync(t, f, []byte("cached\n"))
+	held, err := os.Open(f)
+	must(t, err)
+	defer held.Close()
+	time.Sleep(1500 * time.Millisecond) // past the kernel's old 1 s limit: still cached
+	for _, stat := range []func() error{
+		func() error { _, err := os.Stat(f); return err },
+		func() error { _, err := held.Stat(); return err },
+	} {
+		must(t, stat())
+	}
+
+	s.signal(syscall.SIGSTOP)
+	waitStopped(t, s.proc)
+	defer s.signal(syscall.SIGCONT)
+	time.Sleep(tau + 200*time.Millisecond)
+	for what, stat := range map[string]func() error{
+		"stat":  func() error { _, err := os.Stat(f); return err },
+		"fstat": func() error { _, err := held.Stat(); return err },
+	} {
+		took, err := within(t, 15*time.Second, what+" with the lease lapsed", stat)
+		if !errors.Is(err, syscall.EIO) {
+			t.Errorf("%s after the lease lapsed: %v after %v, want EIO (the kernel answered from its cache?)", what, err, took)
+		}
+	}
+	if !strings.Contains(a.output(), "the kernel's cached names and attributes dropped") {
+		t.Errorf("the mount's log does not say it dropped the kernel's caches:\n%s", tail(a.output(), 3000))
+	}
+
+	s.signal(syscall.SIGCONT)
+	_, err = within(t, 30*time.Second, "stat after the server resumed", func() error {
+		_, err := os.Stat(f)
+		return err
+	})
+	must(t, err)
+	wantFile(t, f, []byte("cached\n"))
+}
+
 func tail(s string, n int) string {
 	if len(s) > n {
 		return s[len(s)-n:]

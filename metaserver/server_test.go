@@ -17,7 +17,13 @@ import (
 
 func startTestServer(t *testing.T) *Server {
 	t.Helper()
-	cfg := DefaultConfig()
+	return startTestServerWith(t, DefaultConfig())
+}
+
+// startTestServerWith starts a server with cfg in a temporary directory on
+// a loopback port.
+func startTestServerWith(t *testing.T, cfg Config) *Server {
+	t.Helper()
 	cfg.Dir = t.TempDir()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Logger = slog.New(slog.DiscardHandler)
@@ -176,7 +182,13 @@ func TestRemoveIfIno(t *testing.T) {
 // than client.DirtyBudget for all of them together (plus the write that
 // crosses it), and every byte reaches the server.
 func TestDirtyBudget(t *testing.T) {
-	s := startTestServer(t)
+	// The revocations flush up to the whole budget before they are
+	// acknowledged, which takes longer than the default delivery timeout
+	// on a machine busy with other tests: the client would be failed, and
+	// the reads below race its reclaim.
+	cfg := DefaultConfig()
+	cfg.ClientLease, cfg.DeliveryTimeout = 8*time.Second, 6*time.Second
+	s := startTestServerWith(t, cfg)
 	c := connect(t, s)
 	ctx := context.Background()
 	const files, perFile, write = 3, 60 << 20, 1 << 20
