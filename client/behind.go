@@ -23,8 +23,9 @@ import (
 // under that name since. A removal that fails at the server (it should not,
 // under the lock) is logged and the directory read again.
 
-// maxBehind bounds the removals in flight: more wait for a slot.
-const maxBehind = 64
+// maxBehind bounds the removals in flight: more wait for a slot. Two
+// batches' worth: one fills while the other is at the server.
+const maxBehind = 2 * wire.MaxBatch
 
 type behind struct {
 	mu    sync.Mutex
@@ -32,6 +33,10 @@ type behind struct {
 	total int
 	inos  map[ids.Ino]int // removals in flight per directory and per removed inode
 	names map[dirName]int // and per removed name
+	// queued holds removals not yet sent, per directory; a directory with
+	// an entry has a sender (sendBehind) running, which sends what queued
+	// up while its last batch was at the server as the next batch.
+	queued map[ids.Ino][]*wire.Request
 }
 
 type dirName struct {
@@ -43,6 +48,7 @@ func (b *behind) init() {
 	b.cond.L = &b.mu
 	b.inos = map[ids.Ino]int{}
 	b.names = map[dirName]int{}
+	b.queued = map[ids.Ino][]*wire.Request{}
 }
 
 // reserve waits for a slot.
@@ -183,18 +189,77 @@ func (c *Client) removeBehind(parent ids.Ino, name string, child *wire.Attr, op 
 	c.cache.InvalidateDir(child.Ino) // its link count changed; a directory is gone
 	c.mu.Unlock()
 	req := &wire.Request{Op: op, Parent: parent, Name: name, Ino: child.Ino, Flags: wire.RemoveIfIno}
-	go func() {
-		defer c.behind.done(parent, child.Ino, name)
-		_, err := c.send(context.Background(), req, nil, false, nil, 0)
-		switch {
-		case err == nil:
-		case gone(err):
-			c.log.Debug("a removal sent behind found the name gone", "dir", parent, "name", name, "err", err)
-		default:
-			c.log.Warn("a removal sent behind failed at the server; the directory is read again",
-				"path", c.PathOf(parent), "name", name, "err", err)
-			c.forget(parent)
+	c.behind.mu.Lock()
+	q, running := c.behind.queued[parent]
+	c.behind.queued[parent] = append(q, req)
+	c.behind.mu.Unlock()
+	if !running {
+		go c.sendBehind(parent)
+	}
+	return true
+}
+
+// sendBehind sends the removals queued for dir, in batches of what queued
+// up meanwhile, until none is left.
+func (c *Client) sendBehind(dir ids.Ino) {
+	for {
+		c.behind.mu.Lock()
+		q := c.behind.queued[dir]
+		if len(q) == 0 {
+			delete(c.behind.queued, dir)
+			c.behind.mu.Unlock()
+			return
+		}
+		n := min(len(q), wire.MaxBatch)
+		reqs := q[:n:n]
+		c.behind.queued[dir] = q[n:]
+		c.behind.mu.Unlock()
+		errs := c.sendBatch(context.Background(), dir, reqs)
+		for i, req := range reqs {
+			switch err := errs[i]; {
+			case err == nil:
+			case gone(err):
+				c.log.Debug("a removal sent behind found the name gone", "dir", dir, "name", req.Name, "err", err)
+			default:
+				c.log.Warn("a removal sent behind failed at the server; the directory is read again",
+					"path", c.PathOf(dir), "name", req.Name, "err", err)
+				c.forget(dir)
+			}
+			c.behind.done(dir, req.Ino, req.Name)
+		}
+	}
+}
+
+// sendBatch sends changes of dir as one request (wire.OpBatch; a single
+// change as itself) and returns each one's error.
+func (c *Client) sendBatch(ctx context.Context, dir ids.Ino, reqs []*wire.Request) []error {
+	errs := make([]error, len(reqs))
+	if len(reqs) == 1 {
+		_, errs[0] = c.send(ctx, reqs[0], nil, false, nil, 0)
+		return errs
+	}
+	// numbered as send numbers a change, each its own: the server
+	// applies none twice when the batch is sent again
+	for _, r := range reqs {
+		r.Oldest = c.inFlight.add(&r.ReqID)
+	}
+	defer func() {
+		for _, r := range reqs {
+			c.inFlight.done(r.ReqID)
 		}
 	}()
-	return true
+	c.Counters.BehindBatches.Add(1)
+	rep, err := c.send(ctx, &wire.Request{Op: wire.OpBatch, Parent: dir, Data: wire.AppendBatch(nil, reqs)}, nil, false, nil, 0)
+	var reps []*wire.Reply
+	if err == nil {
+		reps, err = wire.ParseBatchReplies(rep.Data, len(reqs))
+	}
+	for i := range reqs {
+		if err != nil {
+			errs[i] = err
+		} else {
+			errs[i] = reps[i].Err()
+		}
+	}
+	return errs
 }

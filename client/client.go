@@ -84,6 +84,7 @@ type Counters struct {
 	Prefetches                                       atomic.Int64 // readahead requests sent
 	Redirects                                        atomic.Int64 // redirects to an inode's owner followed
 	RemovedBehind                                    atomic.Int64 // removals sent behind the caller
+	BehindBatches                                    atomic.Int64 // requests that carried several of them (wire.OpBatch)
 }
 
 // Client is one mount's connection to leasefs.
@@ -715,6 +716,7 @@ type Stats struct {
 	Revocations     int64
 	Redirects       int64
 	RemovedBehind   int64
+	BehindBatches   int64
 	ReclaimsOK      int64
 	ReclaimsRefused int64
 	DataLost        int64
@@ -731,7 +733,7 @@ func (c *Client) Stats() Stats {
 		CachedInodes: n, CachedDataBytes: c.cache.DataBytes(), DirtyBytes: c.wb.total.Load(), Hits: hits, Misses: misses, Locks: c.cache.Locks(),
 		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
 		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load(),
-		Redirects: c.Counters.Redirects.Load(), RemovedBehind: c.Counters.RemovedBehind.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
+		Redirects: c.Counters.Redirects.Load(), RemovedBehind: c.Counters.RemovedBehind.Load(), BehindBatches: c.Counters.BehindBatches.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
 		DataLost: c.Counters.DataLost.Load(), Prefetches: c.Counters.Prefetches.Load()}
 	if home.lease != nil {
 		st.LeaseStats = home.lease.Stats()

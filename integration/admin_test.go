@@ -38,7 +38,7 @@ func mountClient(t *testing.T, m *mount) (id string, recoveries int64) {
 
 // mountCounters are counters of a mount's client (client.Stats).
 type mountCounters struct {
-	Recoveries, NacksReceived, Redirects, DataLost, RemovedBehind int64
+	Recoveries, NacksReceived, Redirects, DataLost, RemovedBehind, BehindBatches int64
 	Servers                                                       int
 }
 

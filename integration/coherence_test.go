@@ -708,9 +708,15 @@ func TestRemoveBehind(t *testing.T) {
 		t.Fatalf("rm -rf: %v: %s", err, out)
 	}
 	_, after := mountStats(t, a)
-	if n := after.RemovedBehind - before.RemovedBehind; n < 4*30+4 {
+	n, batches := after.RemovedBehind-before.RemovedBehind, after.BehindBatches-before.BehindBatches
+	if n < 4*30+4 {
 		t.Errorf("rm -rf of 120 files in 4 directories sent %d removals behind", n)
 	}
+	if batches == 0 || batches > n/2 {
+		// (what queues while a batch is at the server goes in the next)
+		t.Errorf("rm -rf sent %d removals behind in %d batches of several", n, batches)
+	}
+	t.Logf("rm -rf sent %d removals behind, in %d batches of several", n, batches)
 	if _, err := os.Stat(filepath.Join(b.dir, "tree")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the other mount after rm -rf: %v", err)
 	}

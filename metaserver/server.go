@@ -302,7 +302,17 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 		return (&wire.Reply{Code: wire.CodeNack, Msg: "unknown session"}).Append(nil)
 	}
 	sess.lastSeen.Store(time.Now().UnixNano())
+	if req.Op == wire.OpBatch {
+		return s.batch(ctx, sess, req).Append(nil)
+	}
 	rep := s.dispatch(ctx, sess, req)
+	s.account(sess, req, rep)
+	return rep.Append(nil)
+}
+
+// account counts a failed request, and logs it if the server, not the
+// application, is to blame.
+func (s *Server) account(sess *session, req *wire.Request, rep *wire.Reply) {
 	switch rep.Code {
 	case wire.CodeOK, wire.CodeRedirect:
 	case wire.CodeIO, wire.CodeAgain, wire.CodeUnavailable:
@@ -313,7 +323,37 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	default:
 		s.counters.Errors.Add(1)
 	}
-	return rep.Append(nil)
+}
+
+// batch executes the changes of a wire.OpBatch in order. A change answered
+// with a NACK, a redirect or "unavailable" ends the batch with that answer:
+// the client sends the whole batch again (to the owner, in a new session),
+// and the changes executed before it are answered from their ReqIDs. The
+// locks granted for the changes travel in the batch reply, where the
+// client applies them as for any reply.
+func (s *Server) batch(ctx context.Context, sess *session, req *wire.Request) *wire.Reply {
+	subs, err := wire.ParseBatch(req.Data)
+	if err != nil {
+		s.log.Warn("malformed batch", "client", sess.client, "err", err)
+		return wire.ErrorReply(wire.Errf(wire.CodeBadMessage, "%v", err))
+	}
+	s.counters.Requests.Add(int64(len(subs) - 1)) // the batch counted as one already
+	out := &wire.Reply{}
+	reps := make([]*wire.Reply, 0, len(subs))
+	for _, sub := range subs {
+		rep := s.dispatch(ctx, sess, sub)
+		s.account(sess, sub, rep)
+		switch rep.Code {
+		case wire.CodeNack, wire.CodeRedirect, wire.CodeUnavailable:
+			rep.Grants = append(out.Grants, rep.Grants...)
+			return rep
+		}
+		out.Grants = append(out.Grants, rep.Grants...)
+		rep.Grants = nil
+		reps = append(reps, rep)
+	}
+	out.Data = wire.AppendBatchReplies(nil, reps)
+	return out
 }
 
 func (s *Server) session(c ids.ClientID, id ids.SessionID) *session {

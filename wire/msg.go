@@ -41,6 +41,7 @@ const (
 	OpPosixLock   // flock/fcntl: Lk
 	OpReclaim     // after a NACK or server restart: reclaim LockMode on Ino based on Version
 	OpGoodbye     // clean unmount: forget the session now
+	OpBatch       // changes of one directory, executed in order: Data holds them (AppendBatch)
 	opEnd
 )
 
@@ -53,7 +54,7 @@ var opNames = [...]string{
 	OpWrite: "write", OpFsync: "fsync", OpStatFs: "statfs",
 	OpGetXattr: "getxattr", OpSetXattr: "setxattr", OpListXattr: "listxattr",
 	OpRemoveXattr: "removexattr", OpLock: "lock", OpLockRelease: "lock-release",
-	OpPosixLock: "posix-lock", OpReclaim: "reclaim", OpGoodbye: "goodbye",
+	OpPosixLock: "posix-lock", OpReclaim: "reclaim", OpGoodbye: "goodbye", OpBatch: "batch",
 }
 
 func (o Op) String() string {
