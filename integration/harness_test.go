@@ -194,11 +194,13 @@ func startMount(t testing.TB, s *server, extra ...string) *mount {
 	args := append([]string{"mount", "--server", s.addr, "--token-file", s.tokenFile, "--log-level", "debug"}, extra...)
 	m.proc = startProc(t, "mount-"+filepath.Base(filepath.Dir(m.dir)), append(args, m.dir)...)
 	t.Cleanup(func() { m.unmount(t) })
+	// The kernel lists the mount before the mount process has checked it
+	// (its first request to the server); it logs "mounted" after.
 	waitFor(t, 15*time.Second, "mount to appear", func() bool {
 		if m.exited() {
 			t.Fatalf("mount exited: %v\n%s", m.err, m.output())
 		}
-		return isMounted(m.dir)
+		return isMounted(m.dir) && strings.Contains(m.output(), "msg=mounted")
 	})
 	return m
 }
