@@ -11,6 +11,7 @@ import (
 	"container/list"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/pagemem"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -61,7 +62,8 @@ type Cache struct {
 	covered map[ids.Ino]bool
 	inReply bool
 
-	lru       list.List // cached file pages, most recently used first
+	lru       list.List     // cached file pages, most recently used first
+	pool      *pagemem.Pool // memory of whole pages, made on first use
 	dataBytes int64
 	dataMax   int64
 	dataGen   uint64
@@ -405,6 +407,9 @@ func (c *Cache) DropAll() []ids.Ino {
 		out = append(out, ino)
 	}
 	clear(c.inodes)
+	for el := c.lru.Front(); el != nil; el = el.Next() {
+		c.freePage(el.Value.(*page))
+	}
 	c.lru.Init()
 	c.dataBytes = 0
 	c.dataGen++

@@ -5,6 +5,7 @@ import (
 	"container/list"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/pagemem"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -15,9 +16,36 @@ const PageSize = 4096
 // file's last: the file ends where it ends (an empty page marks an end on a
 // page boundary). That is only true while the lock is held, like the rest.
 type page struct {
-	ino  ids.Ino
-	idx  uint64
-	data []byte
+	ino    ids.Ino
+	idx    uint64
+	data   []byte
+	pooled bool // data is from the cache's page pool, to go back when the page goes
+}
+
+// newPage makes ino's page idx with a copy of src. A whole page's copy is
+// in a pooled page (see package pagemem: fresh memory costs a fault per
+// page); a file's short last page is on the heap, where it takes no more
+// than its length.
+func (c *Cache) newPage(ino ids.Ino, idx uint64, src []byte) *page {
+	if len(src) != PageSize {
+		return &page{ino: ino, idx: idx, data: bytes.Clone(src)}
+	}
+	if c.pool == nil {
+		c.pool = pagemem.New(PageSize)
+	}
+	b := c.pool.Get()
+	copy(b, src)
+	return &page{ino: ino, idx: idx, data: b, pooled: true}
+}
+
+// freePage gives p's memory back; p is out of the LRU and its file's map,
+// and ReadData copied out of it under the same lock, so nothing else holds
+// it.
+func (c *Cache) freePage(p *page) {
+	if p.pooled {
+		c.pool.Put(p.data)
+	}
+	p.data, p.pooled = nil, false
 }
 
 // The data cache holds file pages under S or X, in one LRU across files
@@ -66,7 +94,7 @@ func (c *Cache) PutData(ino ids.Ino, off uint64, data []byte, eof bool, version,
 		}
 		// a copy: a page aliasing the reply would keep all of it alive
 		// for as long as the page stays, whatever else the LRU evicted
-		c.putPage(e, &page{ino: ino, idx: idx, data: bytes.Clone(data[:n])})
+		c.putPage(e, c.newPage(ino, idx, data[:n]))
 		data = data[n:]
 		idx++
 		if n < PageSize {
@@ -80,6 +108,7 @@ func (c *Cache) putPage(e *entry, p *page) {
 	if old, ok := e.pages[p.idx]; ok {
 		c.dataBytes -= int64(len(old.Value.(*page).data))
 		c.lru.Remove(old)
+		c.freePage(old.Value.(*page))
 	}
 	e.pages[p.idx] = c.lru.PushFront(p)
 	c.dataBytes += int64(len(p.data))
@@ -173,7 +202,7 @@ func (c *Cache) WriteData(ino ids.Ino, off uint64, data []byte, size uint64) {
 			}
 			// a copy of its own: pages sharing one buffer would keep all
 			// of it alive while any of them stays, past the budget
-			c.putPage(e, &page{ino: ino, idx: idx, data: bytes.Clone(data[lo-off : hi-off])})
+			c.putPage(e, c.newPage(ino, idx, data[lo-off:hi-off]))
 		}
 	}
 	c.shrinkData()
@@ -184,6 +213,7 @@ func (c *Cache) WriteData(ino ids.Ino, off uint64, data []byte, size uint64) {
 func (c *Cache) growPage(p *page, size uint64) {
 	want := min(PageSize, size-p.idx*PageSize)
 	if grow := int(want) - len(p.data); grow > 0 {
+		// (a pooled page is whole: only a heap page grows)
 		p.data = append(p.data, make([]byte, grow)...)
 		c.dataBytes += int64(grow)
 	}
@@ -241,6 +271,7 @@ func (c *Cache) clearPages(e *entry) {
 	for _, el := range e.pages {
 		c.dataBytes -= int64(len(el.Value.(*page).data))
 		c.lru.Remove(el)
+		c.freePage(el.Value.(*page))
 	}
 	e.pages = nil
 }
@@ -258,6 +289,7 @@ func (c *Cache) shrinkData() {
 		if e := c.inodes[p.ino]; e != nil {
 			delete(e.pages, p.idx)
 		}
+		c.freePage(p)
 	}
 }
 

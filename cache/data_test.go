@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/pagemem"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -180,5 +181,41 @@ func TestWriteData(t *testing.T) {
 	c.WriteData(5, 0, []byte("z"), uint64(len(want)))
 	if _, ok := readData(c, 5, 0, 1); ok {
 		t.Fatal("a write without an X lock left pages cached")
+	}
+}
+
+// TestPagesReused: whole pages come from the page pool and go back to it
+// when evicted, revoked or replaced, so the pool holds no more than the
+// budget (in whole slabs), however much data passes through; what a read
+// returns is what was put, never a reused page's old contents.
+func TestPagesReused(t *testing.T) {
+	c := New(1000)
+	c.SetDataBudget(1 << 20)
+	for f := range 64 {
+		ino := ids.Ino(10 + f)
+		chunk := bytes.Repeat([]byte{byte(f)}, 1<<20) // 256 pages
+		c.reply(shared(ino, 1), ino, 0, chunk, true, 1, c.DataGen())
+		if got, ok := readData(c, ino, 5*PageSize, 3); !ok || !bytes.Equal(got, []byte{byte(f), byte(f), byte(f)}) {
+			t.Fatalf("file %d: read %v, %v", f, got, ok)
+		}
+		if f%2 == 1 {
+			c.Revoke(ino, wire.LockNone, 2) // its pages go back at once
+		}
+		c.reply(nil, ino, 0, filled('z'), false, 1, c.DataGen()) // replaces page 0 where cached
+	}
+	if c.DataBytes() > 1<<20 {
+		t.Fatalf("%d bytes cached over a budget of 1 MiB", c.DataBytes())
+	}
+	// a page given back and handed out again shows only its new contents
+	last := ids.Ino(10 + 62)
+	if got, ok := readData(c, last, 0, 2); ok && string(got) != "zz" {
+		t.Fatalf("page 0 of the last file reads %q", got)
+	}
+	if n := c.pool.Slabs(); n > 2 {
+		t.Fatalf("%d slabs of 2 MiB for a 1 MiB budget: pages were not reused", n)
+	}
+	c.DropAll()
+	if free := c.pool.Free(); free != c.pool.Slabs()*pagemem.SlabSize/PageSize {
+		t.Fatalf("%d pages free after DropAll, of %d", free, c.pool.Slabs()*pagemem.SlabSize/PageSize)
 	}
 }

@@ -61,7 +61,9 @@ func runMount(argv []string) error {
 		// buffered writes up to client.DirtyBudget): a limit just above
 		// the live heap makes the collector run without pause (the full
 		// suite's untar took 20 s instead of 13 with only 256 MiB above
-		// the data cache).
+		// the data cache). Whole cached pages live outside the Go heap
+		// (package pagemem), files' short last pages inside: the data
+		// cache counts here too, as it may be all short pages.
 		rtdebug.SetMemoryLimit(cfg.CacheBytes + int64(cfg.CacheInodes)<<11 + client.DirtyBudget + 256<<20)
 	}
 	if len(cfg.Servers) == 0 {
