@@ -321,7 +321,9 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 			}
 		}()
 	}
-	body := req.Append(nil)
+	// the data goes from where it is, after the rest (a write's bytes are
+	// not copied into the request)
+	head := req.AppendHead(nil)
 	// A soft mount's timeout covers every send of the request, resends
 	// after a failover or an unavailable server included.
 	sctx := ctx
@@ -351,7 +353,7 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 		}
 		c.mu.Unlock()
 		c.Counters.Requests.Add(1)
-		rep, err := c.roundTrip(ctx, sctx, cn, h, body)
+		rep, err := c.roundTrip(ctx, sctx, cn, h, head, req.Data)
 		if errors.Is(err, errSendAgain) && to == nil {
 			continue
 		}
@@ -384,7 +386,7 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 			c.Counters.Redirects.Add(1)
 			if redirects++; redirects > maxRedirects || !c.follow(sctx, req.Home(), rep.Owner) {
 				req.NoRedirect = true
-				body = req.Append(nil)
+				head = req.AppendHead(nil)
 			}
 			continue
 		}
@@ -427,13 +429,13 @@ const unavailableRetry = 200 * time.Millisecond
 
 // roundTrip sends one request on cn. sctx is ctx bounded by a soft mount's
 // deadline.
-func (c *Client) roundTrip(ctx, sctx context.Context, cn *conn, h transport.Header, body []byte) (*wire.Reply, error) {
+func (c *Client) roundTrip(ctx, sctx context.Context, cn *conn, h transport.Header, head, data []byte) (*wire.Reply, error) {
 	for {
 		actx, cancelAttempt := sctx, context.CancelFunc(func() {})
 		if c.clustered() {
 			actx, cancelAttempt = context.WithTimeout(sctx, c.cfg.FailoverTimeout)
 		}
-		raw, err := cn.tr.Call(actx, h, body)
+		raw, err := cn.tr.CallTail(actx, h, head, data)
 		cancelAttempt()
 		if err == nil {
 			rep, err := wire.ParseReply(raw)

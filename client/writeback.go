@@ -401,7 +401,14 @@ func packWrites(ino ids.Ino, extents []extent) []*wire.Request {
 				chunks, more = 0, int(last-first)+1
 			}
 			cur.Spans = append(cur.Spans, wire.Span{Off: pos, Len: uint32(n)})
-			cur.Data = append(cur.Data, e.data[off:off+n]...)
+			if cur.Data == nil {
+				// the extent's own bytes, no copy: the flush sends them
+				// under f.mu, which keeps writes out of the extents; the
+				// capped slice makes a later span's append copy
+				cur.Data = e.data[off : off+n : off+n]
+			} else {
+				cur.Data = append(cur.Data, e.data[off:off+n]...)
+			}
 			chunks += more
 			lastChunk = last
 			off += n

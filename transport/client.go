@@ -126,15 +126,22 @@ const (
 // execution. Errors: ctx.Err() wrapped when ctx ends; ErrAuth, ErrWrongServer,
 // ErrTooLarge, ErrProtocol, ErrReplyEvicted, ErrClosed are returned at once.
 func (c *Client) Call(ctx context.Context, h Header, body []byte) ([]byte, error) {
-	if len(body) > MaxBody {
-		return nil, fmt.Errorf("%w: request of %d bytes (max %d)", ErrTooLarge, len(body), MaxBody)
+	return c.CallTail(ctx, h, body, nil)
+}
+
+// CallTail is Call of the request body followed by tail, written from
+// where they are: a large tail (file data) is not copied into one buffer
+// with the rest first. The caller keeps both unchanged until it returns.
+func (c *Client) CallTail(ctx context.Context, h Header, body, tail []byte) ([]byte, error) {
+	if n := len(body) + len(tail); n > MaxBody {
+		return nil, fmt.Errorf("%w: request of %d bytes (max %d)", ErrTooLarge, n, MaxBody)
 	}
 	backoff := backoffMin
 	for attempt := 0; ; attempt++ {
 		cc, err := c.conn(ctx)
 		if err == nil {
 			var reply []byte
-			reply, err = c.attempt(ctx, cc, h, body)
+			reply, err = c.attempt(ctx, cc, h, body, tail)
 			if err == nil {
 				cc.fails.Store(0)
 				return reply, nil
@@ -174,7 +181,7 @@ func final(err error) bool {
 }
 
 // attempt sends the request once on a pooled stream and reads the reply.
-func (c *Client) attempt(ctx context.Context, cc *clientConn, h Header, body []byte) ([]byte, error) {
+func (c *Client) attempt(ctx context.Context, cc *clientConn, h Header, body, tail []byte) ([]byte, error) {
 	actx := ctx
 	if c.cfg.AttemptTimeout > 0 {
 		var cancel context.CancelFunc
@@ -189,7 +196,7 @@ func (c *Client) attempt(ctx context.Context, cc *clientConn, h Header, body []b
 	if actx.Done() != nil {
 		stop = context.AfterFunc(actx, func() { cancelStream(cs.st) })
 	}
-	err = writeFrame(cs.st, &cs.scratch, kindRequest, h, body)
+	err = writeFrame(cs.st, &cs.scratch, kindRequest, h, body, tail)
 	var f frame
 	if err == nil {
 		f, err = readFrame(cs.st, &cs.head)
@@ -393,7 +400,7 @@ func (c *Client) hello(ctx context.Context, qc *quic.Conn) error {
 	var scratch []byte
 	h := Header{Client: c.cfg.ClientID}
 	body := hello{proof: proof, host: c.cfg.Hostname}.append(nil)
-	if err := writeFrame(st, &scratch, kindHello, h, body); err != nil {
+	if err := writeFrame(st, &scratch, kindHello, h, body, nil); err != nil {
 		return refusedOr(err)
 	}
 	f, err := readFrame(st, &head)
@@ -454,7 +461,7 @@ func (c *Client) serveCallback(ctx context.Context, st *quic.Stream) {
 		reply = c.cfg.Callback(ctx, f.body)
 	}
 	var scratch []byte
-	if err := writeFrame(st, &scratch, kindCallbackReply, f.Header, reply); err != nil {
+	if err := writeFrame(st, &scratch, kindCallbackReply, f.Header, reply, nil); err != nil {
 		cancelStream(st)
 		return
 	}

@@ -172,24 +172,34 @@ func readFrame(r io.Reader, head *[frameHead]byte) (frame, error) {
 // and written at once; bigger bodies are written in place after the head.
 const smallFrame = 16 << 10
 
-// writeFrame writes one frame; scratch is reusable space owned by the caller.
-func writeFrame(w io.Writer, scratch *[]byte, k kind, h Header, body []byte) error {
-	if len(body) > MaxBody {
+// writeFrame writes one frame whose body is body followed by tail (none:
+// nil); scratch is reusable space owned by the caller.
+func writeFrame(w io.Writer, scratch *[]byte, k kind, h Header, body, tail []byte) error {
+	n := len(body) + len(tail)
+	if n > MaxBody {
 		return ErrTooLarge
 	}
-	buf := appendHead((*scratch)[:0], k, h, len(body))
-	if len(body) <= smallFrame {
-		buf = append(buf, body...)
+	buf := appendHead((*scratch)[:0], k, h, n)
+	if n <= smallFrame {
+		buf = append(append(buf, body...), tail...)
 		*scratch = buf
 		_, err := w.Write(buf)
 		return err
 	}
-	*scratch = buf
-	if _, err := w.Write(buf); err != nil {
-		return err
+	if len(body) <= smallFrame {
+		buf = append(buf, body...)
+		body = nil
 	}
-	_, err := w.Write(body)
-	return err
+	*scratch = buf
+	for _, b := range [][]byte{buf, body, tail} {
+		if len(b) == 0 {
+			continue
+		}
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func errorBody(c errCode, msg string) []byte {

@@ -9,21 +9,32 @@ import (
 
 func TestFrameRoundTrip(t *testing.T) {
 	h := Header{Client: 1<<63 + 5, Session: 77, Seq: 1<<40 + 3}
-	for _, body := range [][]byte{nil, []byte("x"), make([]byte, smallFrame+10)} {
-		var buf bytes.Buffer
-		var scratch []byte
-		if err := writeFrame(&buf, &scratch, kindRequest, h, body); err != nil {
-			t.Fatal(err)
-		}
-		raw := append([]byte(nil), buf.Bytes()...)
-		f, err := parseFrame(raw)
-		if err != nil || f.kind != kindRequest || f.Header != h || !bytes.Equal(f.body, body) {
-			t.Fatalf("parse: %v %v %v len %d", err, f.kind, f.Header, len(f.body))
-		}
-		var head [frameHead]byte
-		f, err = readFrame(&buf, &head)
-		if err != nil || f.Header != h || !bytes.Equal(f.body, body) {
-			t.Fatalf("read: %v", err)
+	big := make([]byte, 3*smallFrame)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	// a body written whole, or as a head and a tail (writeFrame's body
+	// and tail): small and large parts, one write or several
+	for _, body := range [][]byte{nil, []byte("x"), big[:smallFrame+10], big} {
+		for _, split := range []int{len(body), 0, 1, len(body) / 2, smallFrame + 1} {
+			if split > len(body) {
+				continue
+			}
+			var buf bytes.Buffer
+			var scratch []byte
+			if err := writeFrame(&buf, &scratch, kindRequest, h, body[:split], body[split:]); err != nil {
+				t.Fatal(err)
+			}
+			raw := append([]byte(nil), buf.Bytes()...)
+			f, err := parseFrame(raw)
+			if err != nil || f.kind != kindRequest || f.Header != h || !bytes.Equal(f.body, body) {
+				t.Fatalf("parse: %v %v %v len %d", err, f.kind, f.Header, len(f.body))
+			}
+			var head [frameHead]byte
+			f, err = readFrame(&buf, &head)
+			if err != nil || f.Header != h || !bytes.Equal(f.body, body) {
+				t.Fatalf("read: %v", err)
+			}
 		}
 	}
 }
@@ -58,7 +69,7 @@ func TestFrameRejects(t *testing.T) {
 	if _, err := readFrame(bytes.NewReader(big), &head); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("readFrame huge: %v", err)
 	}
-	if err := writeFrame(&bytes.Buffer{}, new([]byte), kindRequest, Header{}, make([]byte, MaxBody+1)); !errors.Is(err, ErrTooLarge) {
+	if err := writeFrame(&bytes.Buffer{}, new([]byte), kindRequest, Header{}, make([]byte, MaxBody), []byte("x")); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("writeFrame oversized: %v", err)
 	}
 }

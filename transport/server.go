@@ -214,7 +214,7 @@ func (s *Server) Callback(ctx context.Context, client ids.ClientID, body []byte)
 	var scratch []byte
 	var head [frameHead]byte
 	h := Header{Client: client, Seq: s.cbSeq.Add(1)}
-	err = writeFrame(st, &scratch, kindCallback, h, body)
+	err = writeFrame(st, &scratch, kindCallback, h, body, nil)
 	if err == nil {
 		err = st.Close()
 	}
@@ -321,13 +321,13 @@ func (s *Server) authenticate(qc *quic.Conn) (*ServerConn, error) {
 	var scratch []byte
 	if !hmac.Equal(want[:], m.proof[:]) {
 		s.log.Warn("refused client: bad token", "addr", qc.RemoteAddr(), "client", f.Client, "host", m.host)
-		writeFrame(st, &scratch, kindRefused, f.Header, []byte("bad token"))
+		writeFrame(st, &scratch, kindRefused, f.Header, []byte("bad token"), nil)
 		st.Close()
 		// The close code tells the client too, should the frame not arrive first.
 		qc.CloseWithError(closeRefused, "bad token")
 		return nil, ErrAuth
 	}
-	if err := writeFrame(st, &scratch, kindHelloOK, f.Header, nil); err != nil {
+	if err := writeFrame(st, &scratch, kindHelloOK, f.Header, nil, nil); err != nil {
 		qc.CloseWithError(closeProto, "hello reply")
 		return nil, err
 	}
@@ -342,7 +342,7 @@ func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
 	var scratch []byte
 	// fail answers with a transport error and gives up the stream.
 	fail := func(h Header, c errCode, err error) {
-		writeFrame(st, &scratch, kindError, h, errorBody(c, err.Error()))
+		writeFrame(st, &scratch, kindError, h, errorBody(c, err.Error()), nil)
 		st.Close()
 		st.CancelRead(streamCancel)
 	}
@@ -387,9 +387,9 @@ func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
 				st.CancelWrite(streamCancel)
 				return
 			}
-			err = writeFrame(st, &scratch, kindError, f.Header, errorBody(code, err.Error()))
+			err = writeFrame(st, &scratch, kindError, f.Header, errorBody(code, err.Error()), nil)
 		} else {
-			err = writeFrame(st, &scratch, kindReply, f.Header, reply)
+			err = writeFrame(st, &scratch, kindReply, f.Header, reply, nil)
 		}
 		if err != nil {
 			st.CancelRead(streamCancel)

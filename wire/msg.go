@@ -329,6 +329,12 @@ func checkSpans(spans []Span, n int) error {
 
 // Append encodes r after b.
 func (r *Request) Append(b []byte) []byte {
+	return append(r.AppendHead(b), r.Data...)
+}
+
+// AppendHead encodes r after b but for Data's bytes, which follow in the
+// encoding: a sender that writes them from where they are copies nothing.
+func (r *Request) AppendHead(b []byte) []byte {
 	e := enc{b}
 	e.u8(Version)
 	e.u8(uint8(r.Op))
@@ -361,7 +367,7 @@ func (r *Request) Append(b []byte) []byte {
 		e.u64(sp.Off)
 		e.u32(sp.Len)
 	}
-	e.bytes(r.Data)
+	e.u32(uint32(len(r.Data)))
 	return e.b
 }
 
