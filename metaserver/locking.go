@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leasefs/leasefs/internal/clock"
@@ -45,7 +46,65 @@ type lockMgr struct {
 	// client can be granted a conflicting lock while such an operation
 	// still changes the inode.
 	inflight map[holdKey]int
+	// flushing holds, for each revocation being delivered, when its
+	// client last sent a request about the inode (holdKey → *atomic.Int64,
+	// Unix nanoseconds): the flush a revocation asks for (noteProgress).
+	flushing sync.Map
 	stats    lockStats
+}
+
+// maxRevokeWait bounds how long a client that keeps flushing may take to
+// acknowledge a revocation: its whole dirty budget at a few MB/s.
+const maxRevokeWait = 30 * time.Second
+
+// noteProgress records that client sent a request about ino: if a
+// revocation of its lock on ino is being delivered, the client is
+// flushing for it, and alive.
+func (m *lockMgr) noteProgress(client ids.ClientID, ino ids.Ino) {
+	if ino == 0 {
+		return
+	}
+	if v, ok := m.flushing.Load(holdKey{client, ino}); ok {
+		v.(*atomic.Int64).Store(time.Now().UnixNano())
+	}
+}
+
+// deliveryContext is the context of delivering a revocation to client:
+// it ends when the delivery timeout passed without a request of the
+// client about ino (it acknowledges after flushing what it buffered, and
+// a large flush takes longer than the timeout), or after maxRevokeWait.
+// A client that stopped answering is still failed within the timeout.
+func (m *lockMgr) deliveryContext(client ids.ClientID, ino ids.Ino) (context.Context, context.CancelFunc) {
+	key := holdKey{client, ino}
+	last := new(atomic.Int64)
+	start := time.Now()
+	last.Store(start.UnixNano())
+	if v, loaded := m.flushing.LoadOrStore(key, last); loaded {
+		last = v.(*atomic.Int64) // another revocation of the same lock
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(maxRevokeWait))
+	timeout := m.s.cfg.DeliveryTimeout
+	go func() {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			idle := time.Since(time.Unix(0, last.Load()))
+			if idle >= timeout {
+				cancel()
+				return
+			}
+			t.Reset(timeout - idle)
+		}
+	}()
+	return ctx, func() {
+		cancel()
+		m.flushing.CompareAndDelete(key, last)
+	}
 }
 
 type lockStats struct {
@@ -214,7 +273,7 @@ func (m *lockMgr) revoke(r locks.Revoke) {
 		// the lock itself as soon as the hand-over is done
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), m.s.cfg.DeliveryTimeout)
+	ctx, cancel := m.deliveryContext(r.Client, r.Ino)
 	defer cancel()
 	cb := (&wire.Callback{Kind: wire.CallbackRevoke, Ino: r.Ino, Mode: wire.LockMode(r.To), Seq: r.Seq}).Append(nil)
 	start := time.Now()

@@ -302,6 +302,7 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 		return (&wire.Reply{Code: wire.CodeNack, Msg: "unknown session"}).Append(nil)
 	}
 	sess.lastSeen.Store(time.Now().UnixNano())
+	s.lm.noteProgress(sess.client, req.Ino)
 	if req.Op == wire.OpBatch {
 		return s.batch(ctx, sess, req).Append(nil)
 	}

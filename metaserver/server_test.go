@@ -17,13 +17,7 @@ import (
 
 func startTestServer(t *testing.T) *Server {
 	t.Helper()
-	return startTestServerWith(t, DefaultConfig())
-}
-
-// startTestServerWith starts a server with cfg in a temporary directory on
-// a loopback port.
-func startTestServerWith(t *testing.T, cfg Config) *Server {
-	t.Helper()
+	cfg := DefaultConfig()
 	cfg.Dir = t.TempDir()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Logger = slog.New(slog.DiscardHandler)
@@ -182,13 +176,7 @@ func TestRemoveIfIno(t *testing.T) {
 // than client.DirtyBudget for all of them together (plus the write that
 // crosses it), and every byte reaches the server.
 func TestDirtyBudget(t *testing.T) {
-	// The revocations flush up to the whole budget before they are
-	// acknowledged, which takes longer than the default delivery timeout
-	// on a machine busy with other tests: the client would be failed, and
-	// the reads below race its reclaim.
-	cfg := DefaultConfig()
-	cfg.ClientLease, cfg.DeliveryTimeout = 8*time.Second, 6*time.Second
-	s := startTestServerWith(t, cfg)
+	s := startTestServer(t)
 	c := connect(t, s)
 	ctx := context.Background()
 	const files, perFile, write = 3, 60 << 20, 1 << 20
@@ -228,5 +216,62 @@ func TestDirtyBudget(t *testing.T) {
 	}
 	if d := c.Stats().DirtyBytes; d != 0 {
 		t.Fatalf("%d bytes still counted as buffered after every file was flushed", d)
+	}
+}
+
+// TestRevocationWaitsForFlush: a revocation asks the holder to flush what
+// it buffered before it acknowledges, and a large flush over a slow network
+// takes longer than the delivery timeout. The server must not fail a
+// client that is flushing (its writes for the inode keep coming): the
+// reader waits for the flush and reads every byte; the writer gets no NACK.
+func TestRevocationWaitsForFlush(t *testing.T) {
+	s := startTestServer(t) // delivery timeout 500 ms
+	tok, err := transport.ParseToken(s.Token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := client.DefaultConfig()
+	cfg.Servers = []string{s.Addr().String()}
+	cfg.Token = tok
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	if cfg.Faults, err = transport.ParseFaults("delay=10ms"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := client.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	ctx := context.Background()
+	a, err := w.Create(ctx, ids.RootIno, "big", 0o100644, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const size, write = 48 << 20, 1 << 20
+	data := make([]byte, write)
+	for off := 0; off < size; off += write {
+		data[0] = byte(off >> 20)
+		if err := w.Write(ctx, a.Ino, uint64(off), data, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := w.Stats().DirtyBytes; d < size/2 {
+		t.Fatalf("only %d bytes buffered: nothing for the revocation to flush", d)
+	}
+	r := connect(t, s)
+	start := time.Now()
+	buf := make([]byte, 1)
+	for off := 0; off < size; off += write {
+		if n, err := r.Read(ctx, a.Ino, uint64(off), buf); err != nil || n != 1 || buf[0] != byte(off>>20) {
+			t.Fatalf("read at %d MiB: %v %v", off>>20, buf[:n], err)
+		}
+	}
+	took := time.Since(start)
+	t.Logf("the reader waited %v for the writer's flush (delivery timeout %v)", took, s.cfg.DeliveryTimeout)
+	if n := w.Stats().NacksReceived; n != 0 {
+		t.Errorf("the flushing writer was NACKed %d times", n)
+	}
+	if took < s.cfg.DeliveryTimeout {
+		t.Logf("the flush took less than the delivery timeout: this run did not test waiting for it")
 	}
 }

@@ -81,7 +81,7 @@ func (f *serveFlags) parse(name, args, desc string, argv []string, own func(*pfl
 	own(fs)
 	fs.DurationVar(&f.cfg.ClientLease, "client-lease", f.cfg.ClientLease, "client lease period τ: how long a client may trust its cache after a reply")
 	fs.Float64Var(&f.cfg.ClockDrift, "clock-drift", f.cfg.ClockDrift, "clock-rate error bound δ between any two machines")
-	fs.DurationVar(&f.cfg.DeliveryTimeout, "delivery-timeout", f.cfg.DeliveryTimeout, "how long a lock revocation may go unacknowledged before the client is failed")
+	fs.DurationVar(&f.cfg.DeliveryTimeout, "delivery-timeout", f.cfg.DeliveryTimeout, "how long a lock revocation may go unacknowledged before the client is failed; a client flushing the file for it (its requests about the file keep coming) gets this long again after each, up to 30s")
 	fs.StringVar(&f.faults, "faults", "", "inject transport faults, e.g. drop=0.2,dup=0.2,delay=5ms (testing only)")
 	_ = fs.MarkHidden("faults")
 	f.logging.add(fs)
