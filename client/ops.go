@@ -511,7 +511,7 @@ func (c *Client) ReleaseLockOwner(ctx context.Context, ino ids.Ino, owner uint64
 // to lapse drops them all (renewLoop, Hooks.DropKernel). It bounds only
 // how long a stopped mount process (SIGSTOP, a debugger) leaves its
 // kernel answering stat and path lookups from what it cached.
-const KernelTTL = 30 * time.Second
+const KernelTTL = 10 * time.Minute
 
 // AttrTTL is how long the kernel may cache ino's attributes (and the names
 // of a directory ino): KernelTTL while the client holds a lock on ino and
