@@ -588,3 +588,58 @@ func createNumbered(ctx context.Context, t *testing.T, c *client.Client, n int) 
 	}
 	return inos
 }
+
+// TestClusterBatchNoRedirect: a client that knows only server 2 sends a
+// batch of removals in a directory server 1 owns. Server 2 redirects it;
+// the client cannot reach server 1, so it sends the batch again asking
+// server 2 to serve it anyway (NoRedirect), which must hold for every
+// change in the batch, not only the batch: else server 2 redirects the
+// changes forever.
+func TestClusterBatchNoRedirect(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c1 := tc.connect(1)
+	d, err := c1.Mkdir(ctx, ids.RootIno, "d", 0o40755, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var subs []*wire.Request
+	for i := range 4 {
+		a, err := c1.Create(ctx, d.Ino, fmt.Sprint("f", i), 0o100644, 0, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs = append(subs, &wire.Request{Op: wire.OpUnlink, Parent: d.Ino, Name: fmt.Sprint("f", i), Ino: a.Ino,
+			Flags: wire.RemoveIfIno, ReqID: uint64(1000 + i), Oldest: 1000})
+	}
+	c2 := tc.connect(2)
+	done := make(chan error, 1)
+	go func() {
+		rep, err := c2.Call(ctx, &wire.Request{Op: wire.OpBatch, Parent: d.Ino, Data: wire.AppendBatch(nil, subs)})
+		if err == nil {
+			var reps []*wire.Reply
+			if reps, err = wire.ParseBatchReplies(rep.Data, len(subs)); err == nil {
+				for _, r := range reps {
+					if err = r.Err(); err != nil {
+						break
+					}
+				}
+			}
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("batch through server 2: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the batch through server 2 did not finish: redirected forever?")
+	}
+	for i := range 4 {
+		if _, err := c1.Lookup(ctx, d.Ino, fmt.Sprint("f", i)); wire.CodeOf(err) != wire.CodeNotFound {
+			t.Errorf("f%d after the batch removed it: %v", i, err)
+		}
+	}
+}

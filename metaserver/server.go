@@ -342,6 +342,8 @@ func (s *Server) batch(ctx context.Context, sess *session, req *wire.Request) *w
 	out := &wire.Reply{}
 	reps := make([]*wire.Reply, 0, len(subs))
 	for _, sub := range subs {
+		// a client that followed redirects long enough asks for the batch
+		sub.NoRedirect = sub.NoRedirect || req.NoRedirect
 		rep := s.dispatch(ctx, sess, sub)
 		s.account(sess, sub, rep)
 		switch rep.Code {
