@@ -12,6 +12,7 @@ import (
 
 	"github.com/leasefs/leasefs/client"
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -264,7 +265,15 @@ func TestClusterTransferLaggingOwner(t *testing.T) {
 
 	c1.Close()
 	logs := &logBuffer{}
-	tc.startLogged(3, logs)
+	// 3's links to its peers are slowed down, so that its copies take
+	// long enough to be caught in the act: on a busy machine the copy
+	// from 1 came and went between two looks at the stage, and 3 had
+	// caught up by the time it became the owner.
+	slow, err := transport.ParseFaults("delay=1ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.startLogged(3, logs, func(c *Config) { c.PeerFaults = slow })
 	// 1 dies while 3's anti-entropy copies from it (3 has staged a page):
 	// that copy fails, anti-entropy starts over from 2 with the decoy, and
 	// 3 becomes the file's owner while it lags
@@ -352,7 +361,7 @@ func (tc *testCluster) connectUnmanaged(servers ...ids.ServerID) *client.Client 
 }
 
 // startLogged starts server id like start, its debug log going to w.
-func (tc *testCluster) startLogged(id ids.ServerID, w *logBuffer) *Server {
+func (tc *testCluster) startLogged(id ids.ServerID, w *logBuffer, opts ...func(*Config)) *Server {
 	tc.t.Helper()
 	cfg := DefaultConfig()
 	cfg.Dir = tc.dirs[id]
@@ -366,6 +375,9 @@ func (tc *testCluster) startLogged(id ids.ServerID, w *logBuffer) *Server {
 	cfg.Peers = tc.addrs
 	cfg.Identity = tc.ident
 	cfg.Logger = slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("server", id)
+	for _, o := range opts {
+		o(&cfg)
+	}
 	s, err := Start(cfg)
 	if err != nil {
 		tc.t.Fatal(err)
