@@ -48,6 +48,15 @@ func (c *Cache) freePage(p *page) {
 	p.data, p.pooled = nil, false
 }
 
+// removePage takes a page out of the LRU and frees it; the caller removes
+// it from its file's map.
+func (c *Cache) removePage(el *list.Element) {
+	p := el.Value.(*page)
+	c.dataBytes -= int64(len(p.data))
+	c.lru.Remove(el)
+	c.freePage(p)
+}
+
 // The data cache holds file pages under S or X, in one LRU across files
 // bounded by bytes. A write this client buffers under its X lock goes into
 // the pages (WriteData); any other change of a file's data drops its pages
@@ -106,9 +115,7 @@ func (c *Cache) PutData(ino ids.Ino, off uint64, data []byte, eof bool, version,
 
 func (c *Cache) putPage(e *entry, p *page) {
 	if old, ok := e.pages[p.idx]; ok {
-		c.dataBytes -= int64(len(old.Value.(*page).data))
-		c.lru.Remove(old)
-		c.freePage(old.Value.(*page))
+		c.removePage(old)
 	}
 	e.pages[p.idx] = c.lru.PushFront(p)
 	c.dataBytes += int64(len(p.data))
@@ -269,9 +276,7 @@ func (c *Cache) dropPages(e *entry) {
 // clearPages frees e's pages without voiding reads in flight.
 func (c *Cache) clearPages(e *entry) {
 	for _, el := range e.pages {
-		c.dataBytes -= int64(len(el.Value.(*page).data))
-		c.lru.Remove(el)
-		c.freePage(el.Value.(*page))
+		c.removePage(el)
 	}
 	e.pages = nil
 }
@@ -284,12 +289,10 @@ func (c *Cache) shrinkData() {
 			return
 		}
 		p := el.Value.(*page)
-		c.lru.Remove(el)
-		c.dataBytes -= int64(len(p.data))
 		if e := c.inodes[p.ino]; e != nil {
 			delete(e.pages, p.idx)
 		}
-		c.freePage(p)
+		c.removePage(el)
 	}
 }
 

@@ -635,16 +635,7 @@ func (c *Client) leaseRemaining(now clock.Time) time.Duration {
 // holds locks and no request renewed its lease there recently (Burns et
 // al.: opportunistic renewal makes these rare for a busy client).
 func (c *Client) renewLoop() {
-	defer c.wg.Done()
-	// Check often enough to renew inside the margin of τ/2.
-	t := time.NewTicker(time.Duration(c.Session().Tau) / 16)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.stop:
-			return
-		case <-t.C:
-		}
+	c.every(func() {
 		var due []*conn
 		c.mu.Lock()
 		now := c.clk.Now()
@@ -667,14 +658,12 @@ func (c *Client) renewLoop() {
 			_, _ = c.send(ctx, &wire.Request{Op: wire.OpRenew}, nil, false, cn, 0)
 			cancel()
 		}
-	}
+	})
 }
 
-// kernelLoop drops the kernel's cached names and attributes (given with
-// AttrTTL) while a lease that covers them still runs but was not renewed
-// in time: the kernel answers from them without asking the mount. Apart
-// from renewLoop, whose renewals can wait for an unreachable server.
-func (c *Client) kernelLoop() {
+// every calls fn every τ/16 until the client closes: often enough to act
+// inside the lease's margins.
+func (c *Client) every(fn func()) {
 	defer c.wg.Done()
 	t := time.NewTicker(time.Duration(c.Session().Tau) / 16)
 	defer t.Stop()
@@ -683,7 +672,17 @@ func (c *Client) kernelLoop() {
 		case <-c.stop:
 			return
 		case <-t.C:
+			fn()
 		}
+	}
+}
+
+// kernelLoop drops the kernel's cached names and attributes (given with
+// AttrTTL) while a lease that covers them still runs but was not renewed
+// in time: the kernel answers from them without asking the mount. Apart
+// from renewLoop, whose renewals can wait for an unreachable server.
+func (c *Client) kernelLoop() {
+	c.every(func() {
 		c.mu.Lock()
 		// AttrTTL stopped handing out TTLs when the margin began, half a
 		// margin before this.
@@ -694,7 +693,7 @@ func (c *Client) kernelLoop() {
 		locked := c.cache.HoldsLocks()
 		c.mu.Unlock()
 		if !drop {
-			continue
+			return
 		}
 		if locked {
 			c.log.Info("lease not renewed near its end: the kernel's cached names and attributes dropped")
@@ -702,7 +701,7 @@ func (c *Client) kernelLoop() {
 		if h := c.hooks.Load(); h != nil && h.DropKernel != nil {
 			h.DropKernel()
 		}
-	}
+	})
 }
 
 // Stats describes the client for `leasefs admin --mount`.

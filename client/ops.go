@@ -508,7 +508,7 @@ func (c *Client) ReleaseLockOwner(ctx context.Context, ino ids.Ino, owner uint64
 // KernelTTL is how long the kernel may keep names and attributes the
 // client gave it under a lock. It is long because nothing waits for it to
 // run out: a revocation drops them at once (Invalidate), and a lease about
-// to lapse drops them all (renewLoop, Hooks.DropKernel). It bounds only
+// to lapse drops them all (kernelLoop, Hooks.DropKernel). It bounds only
 // how long a stopped mount process (SIGSTOP, a debugger) leaves its
 // kernel answering stat and path lookups from what it cached.
 const KernelTTL = 10 * time.Minute
@@ -516,7 +516,7 @@ const KernelTTL = 10 * time.Minute
 // AttrTTL is how long the kernel may cache ino's attributes (and the names
 // of a directory ino): KernelTTL while the client holds a lock on ino and
 // its leases are not in their renewal margin, else zero. A reply handed out
-// with a TTL reaches the kernel well before renewLoop could drop the
+// with a TTL reaches the kernel well before kernelLoop could drop the
 // kernel's caches for a lapsing lease, at half the margin. (The kernel
 // itself discards attributes that a concurrent invalidation overtook:
 // FUSE's attr_version; and names looked up before an epoch bump.)

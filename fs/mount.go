@@ -68,6 +68,17 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		}
 		return ""
 	}
+	// forgetNames makes the kernel forget every name it caches, if it can.
+	forgetNames := func() {
+		names := mnt.names.Load()
+		if names == nil {
+			return
+		}
+		if err := names.bump(); err != nil {
+			// the kernel could take it at mount: a broken connection
+			log.Warn("dropping the kernel's cached names failed", "err", err)
+		}
+	}
 	invalidate := func(ino ids.Ino) {
 		srv := mnt.srv.Load()
 		if srv == nil {
@@ -76,18 +87,10 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		// Pages and attributes; ENOENT only means the kernel has
 		// nothing cached for it.
 		_ = srv.InodeNotify(uint64(ino), 0, 0)
-		names := mnt.names.Load()
-		if names == nil {
-			return
-		}
 		// a directory's names, or one the kernel may know under another
 		// node (the root is not in known)
-		if v, ok := mnt.known.Load(ino); ok && !v.(*Node).IsDir() {
-			return
-		}
-		if err := names.bump(); err != nil {
-			// the kernel could take it at mount: a broken connection
-			log.Warn("dropping the kernel's cached names failed", "err", err)
+		if v, ok := mnt.known.Load(ino); !ok || v.(*Node).IsDir() {
+			forgetNames()
 		}
 	}
 	// dropKernel forgets every name (the epoch) and the attributes of what
@@ -100,11 +103,7 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		if srv == nil {
 			return
 		}
-		if names := mnt.names.Load(); names != nil {
-			if err := names.bump(); err != nil {
-				log.Warn("dropping the kernel's cached names failed", "err", err)
-			}
-		}
+		forgetNames()
 		_ = srv.InodeNotify(uint64(ids.RootIno), -1, 0)
 		mnt.known.Range(func(k, v any) bool {
 			if n := v.(*Node); n.IsDir() || n.opens.Load() > 0 {

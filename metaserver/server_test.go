@@ -31,6 +31,12 @@ func startTestServer(t *testing.T) *Server {
 
 func connect(t *testing.T, s *Server) *client.Client {
 	t.Helper()
+	return connectWith(t, s, func(*client.Config) {})
+}
+
+// connectWith is connect with the client's configuration changed by set.
+func connectWith(t *testing.T, s *Server, set func(*client.Config)) *client.Client {
+	t.Helper()
 	tok, err := transport.ParseToken(s.Token())
 	if err != nil {
 		t.Fatal(err)
@@ -39,6 +45,7 @@ func connect(t *testing.T, s *Server) *client.Client {
 	cfg.Servers = []string{s.Addr().String()}
 	cfg.Token = tok
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	set(&cfg)
 	c, err := client.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -226,22 +233,11 @@ func TestDirtyBudget(t *testing.T) {
 // reader waits for the flush and reads every byte; the writer gets no NACK.
 func TestRevocationWaitsForFlush(t *testing.T) {
 	s := startTestServer(t) // delivery timeout 500 ms
-	tok, err := transport.ParseToken(s.Token())
+	slow, err := transport.ParseFaults("delay=10ms")
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := client.DefaultConfig()
-	cfg.Servers = []string{s.Addr().String()}
-	cfg.Token = tok
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	if cfg.Faults, err = transport.ParseFaults("delay=10ms"); err != nil {
-		t.Fatal(err)
-	}
-	w, err := client.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.Close() })
+	w := connectWith(t, s, func(c *client.Config) { c.Faults = slow })
 	ctx := context.Background()
 	a, err := w.Create(ctx, ids.RootIno, "big", 0o100644, 0, 0, 0)
 	if err != nil {

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 )
@@ -19,92 +20,76 @@ const MaxBatch = 64
 var ErrBadBatch = errors.New("wire: bad batch")
 
 // AppendBatch encodes reqs as a batch's Data.
-func AppendBatch(b []byte, reqs []*Request) []byte {
-	e := enc{b}
-	e.u32(uint32(len(reqs)))
-	for _, r := range reqs {
-		n := len(e.b)
-		e.u32(0)
-		e.b = r.Append(e.b)
-		putLen(e.b[n:], len(e.b)-n-4)
-	}
-	return e.b
-}
+func AppendBatch(b []byte, reqs []*Request) []byte { return appendFramed(b, reqs) }
 
 // ParseBatch decodes a batch's Data: 1 to MaxBatch changes (Op.Changes,
 // with a ReqID) of one directory, none of them a batch. Their Data
 // aliases b.
 func ParseBatch(b []byte) ([]*Request, error) {
-	d := dec{b: b}
-	n := d.count(MaxBatch, 4)
-	if d.err == nil && n == 0 {
-		d.fail(fmt.Errorf("%w: empty", ErrBadBatch))
+	reqs, err := parseFramed(b, "request", ParseRequest)
+	if err != nil {
+		return nil, err
 	}
-	reqs := make([]*Request, 0, n)
-	for range n {
-		body := d.bytes(MaxData)
-		if d.err != nil {
-			break
-		}
-		r, err := ParseRequest(body)
-		if err != nil {
-			return nil, fmt.Errorf("%w: request %d: %w", ErrBadBatch, len(reqs), err)
-		}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("%w: empty", ErrBadBatch)
+	}
+	for _, r := range reqs {
 		switch {
 		case !r.Op.Changes():
 			return nil, fmt.Errorf("%w: %v is not a change", ErrBadBatch, r.Op)
 		case r.ReqID == 0:
 			return nil, fmt.Errorf("%w: %v without a request id", ErrBadBatch, r.Op)
-		case len(reqs) > 0 && r.Home() != reqs[0].Home():
+		case r.Home() != reqs[0].Home():
 			return nil, fmt.Errorf("%w: changes of inodes %v and %v", ErrBadBatch, reqs[0].Home(), r.Home())
 		}
-		reqs = append(reqs, r)
-	}
-	if err := d.end(); err != nil {
-		return nil, err
 	}
 	return reqs, nil
 }
 
 // AppendBatchReplies encodes the replies to a batch as its reply's Data.
-func AppendBatchReplies(b []byte, reps []*Reply) []byte {
-	e := enc{b}
-	e.u32(uint32(len(reps)))
-	for _, r := range reps {
-		n := len(e.b)
-		e.u32(0)
-		e.b = r.Append(e.b)
-		putLen(e.b[n:], len(e.b)-n-4)
-	}
-	return e.b
-}
+func AppendBatchReplies(b []byte, reps []*Reply) []byte { return appendFramed(b, reps) }
 
 // ParseBatchReplies decodes a batch reply's Data, which must answer want
 // requests.
 func ParseBatchReplies(b []byte, want int) ([]*Reply, error) {
+	reps, err := parseFramed(b, "reply", ParseReply)
+	if err == nil && len(reps) != want {
+		return nil, fmt.Errorf("%w: %d replies to %d requests", ErrBadBatch, len(reps), want)
+	}
+	return reps, err
+}
+
+// appendFramed encodes a count, then each message as a length-prefixed body.
+func appendFramed[M interface{ Append([]byte) []byte }](b []byte, msgs []M) []byte {
+	e := enc{b}
+	e.u32(uint32(len(msgs)))
+	for _, m := range msgs {
+		n := len(e.b)
+		e.u32(0)
+		e.b = m.Append(e.b)
+		binary.LittleEndian.PutUint32(e.b[n:], uint32(len(e.b)-n-4))
+	}
+	return e.b
+}
+
+// parseFramed decodes what appendFramed encoded: at most MaxBatch messages.
+func parseFramed[M any](b []byte, what string, parse func([]byte) (M, error)) ([]M, error) {
 	d := dec{b: b}
 	n := d.count(MaxBatch, 4)
-	if d.err == nil && n != want {
-		return nil, fmt.Errorf("%w: %d replies to %d requests", ErrBadBatch, n, want)
-	}
-	reps := make([]*Reply, 0, n)
+	out := make([]M, 0, n)
 	for range n {
 		body := d.bytes(MaxData)
 		if d.err != nil {
 			break
 		}
-		r, err := ParseReply(body)
+		m, err := parse(body)
 		if err != nil {
-			return nil, fmt.Errorf("%w: reply %d: %w", ErrBadBatch, len(reps), err)
+			return nil, fmt.Errorf("%w: %s %d: %w", ErrBadBatch, what, len(out), err)
 		}
-		reps = append(reps, r)
+		out = append(out, m)
 	}
 	if err := d.end(); err != nil {
 		return nil, err
 	}
-	return reps, nil
-}
-
-func putLen(b []byte, n int) {
-	b[0], b[1], b[2], b[3] = byte(n), byte(n>>8), byte(n>>16), byte(n>>24)
+	return out, nil
 }
