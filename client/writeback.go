@@ -274,6 +274,7 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	reqs := packWrites(ino, f.extents)
+	defer releaseWrites(reqs)
 	attrs := f.attrs
 	if attrs != nil && len(reqs) == 1 {
 		// one write carries the attribute change: one round trip (with
@@ -407,6 +408,10 @@ func packWrites(ino ids.Ino, extents []extent) []*wire.Request {
 				// capped slice makes a later span's append copy
 				cur.Data = e.data[off : off+n : off+n]
 			} else {
+				if len(cur.Spans) == 2 {
+					buf := *writeBufs.Get().(*[]byte)
+					cur.Data = append(buf[:0], cur.Data...)
+				}
 				cur.Data = append(cur.Data, e.data[off:off+n]...)
 			}
 			chunks += more
@@ -421,6 +426,23 @@ func packWrites(ino ids.Ino, extents []extent) []*wire.Request {
 		}
 	}
 	return reqs
+}
+
+// writeBufs holds the data buffers of vectored write requests, which gather
+// scattered pages: a fresh 1 MiB buffer per request cost a page fault per
+// 4 KiB here, and its growth by appends a copy of each page several times.
+var writeBufs = sync.Pool{New: func() any { b := make([]byte, 0, flushChunk); return &b }}
+
+// releaseWrites returns the buffers of requests packWrites made, once
+// nothing sends them any more.
+func releaseWrites(reqs []*wire.Request) {
+	for _, r := range reqs {
+		if len(r.Spans) > 1 {
+			b := r.Data[:0]
+			writeBufs.Put(&b)
+			r.Data = nil
+		}
+	}
 }
 
 // writeRange is the bytes a write request covers, from its first to past
@@ -571,6 +593,7 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, req
 	}
 	if reqs == nil {
 		reqs = packWrites(ino, f.extents)
+		defer releaseWrites(reqs)
 	}
 	var err error
 	version := f.base

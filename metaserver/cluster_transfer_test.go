@@ -391,7 +391,7 @@ func (tc *testCluster) startLogged(id ids.ServerID, w *logBuffer, opts ...func(*
 // they ignore).
 func FuzzTransferDecode(f *testing.F) {
 	tx := &Tx{}
-	key := tx.key64(recChunk, 5, 3)
+	key := tx.key64(recPage, 5, 3)
 	recs := []Write{{Key: key, Value: []byte("chunk")}, {Key: tx.key(recAttr, 5, nil), Value: []byte{1, 2}}}
 	tr := Transfer{Ino: 5, ID: 7, Replaces: 3, Epoch: 9, SrcEpoch: 8, Version: 11}
 	f.Add(encodeStage(tr, 2, recs, true))

@@ -195,7 +195,7 @@ func (tx *Tx) reset(kv kvTxn, write bool) {
 
 func (tx *Tx) releaseBufs() {
 	for _, b := range tx.bufs {
-		chunkPool.Put(b)
+		pagePool.Put(b)
 	}
 	clear(tx.bufs)
 	tx.bufs = tx.bufs[:0]

@@ -27,12 +27,13 @@ import (
 //	'A' ino                 attributes (inode record; dirs also keep parent and next cookie)
 //	'D' dir name            directory entry: child ino, type bits, cookie
 //	'C' dir cookie(8)       cookie index: child ino, type bits, name (ReadDir order)
-//	'K' ino chunk(8)        file data chunk: up to ChunkSize bytes, never past Size
+//	'P' ino page(8)         file data page: up to PageSize bytes, never past Size
 //	'X' ino name            extended attribute value
 //	'L' ino                 symlink target
 //	'R' ino client(8)       request ids of the client's latest changes to ino (store_done.go)
 //	'E' ino                 replication state: ownership epoch, version (store_repl.go)
 //	'S' MakeIno(server, 0)  the server's inode counter (server-local, never replicated)
+//	'F' 0                   the store's format (server-local; store_format.go)
 //
 // Records belong to exactly one inode (DESIGN.md), so ownership and
 // replication can work per inode.
@@ -40,18 +41,21 @@ const (
 	recAttr    = 'A'
 	recEntry   = 'D'
 	recCookie  = 'C'
-	recChunk   = 'K'
+	recPage    = 'P'
 	recXattr   = 'X'
 	recSymlink = 'L'
 	recRepl    = 'E'
 	recDone    = 'R'
 	recServer  = 'S'
+	recFormat  = 'F'
 )
 
 const (
-	// ChunkSize is the size of a file data chunk.
-	ChunkSize = 64 << 10
-	// MaxFileSize bounds file sizes (chunk indexes stay far from overflow).
+	// PageSize is the size of a file data page: a small write rewrites
+	// one page, not more (4 KiB, the kernel's page and the unit of
+	// random I/O).
+	PageSize = 4 << 10
+	// MaxFileSize bounds file sizes (page indexes stay far from overflow).
 	MaxFileSize = 1 << 60
 	// NameMax is the longest name in bytes.
 	NameMax = 255
@@ -69,7 +73,7 @@ const (
 	inoBatch = 1024
 	// maxRetries bounds the retries of a transaction that keeps conflicting.
 	maxRetries = 64
-	// deleteBatch bounds how many chunk records one transaction deletes
+	// deleteBatch bounds how many page records one transaction deletes
 	// (badger caps a transaction's size by the memtable size).
 	deleteBatch = 4096
 )
@@ -259,7 +263,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	if opts.valueThreshold > 0 {
 		vt = opts.valueThreshold
 	}
-	// Memory: this runs beside other processes. Data chunks (64 KiB) go to
+	// Memory: this runs beside other processes. Data pages (4 KiB) go to
 	// the value log (ValueThreshold 1 KiB), which also keeps a 4 MiB write
 	// within badger's transaction size limit (15% of the memtable); metadata
 	// stays in the LSM tree.
@@ -275,7 +279,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		WithNumLevelZeroTables(3).
 		WithNumLevelZeroTablesStall(8).
 		WithValueLogFileSize(256 << 20).
-		WithCompression(options.None). // chunks are mostly incompressible or tiny metadata
+		WithCompression(options.None). // pages are mostly incompressible or tiny metadata
 		WithMetricsEnabled(false).
 		WithDetectConflicts(true)
 	if opts.InMemory {
@@ -337,7 +341,7 @@ func (s *Store) unlock() {
 	}
 }
 
-// gcLoop reclaims value log space of deleted and overwritten chunks.
+// gcLoop reclaims value log space of deleted and overwritten pages.
 func (s *Store) gcLoop() {
 	defer close(s.done)
 	t := time.NewTicker(time.Minute)
@@ -357,6 +361,9 @@ func (s *Store) gcLoop() {
 }
 
 func (s *Store) init(opts StoreOptions) error {
+	if err := s.upgradeFormat(); err != nil {
+		return err
+	}
 	// inode counter
 	var counter uint64
 	err := s.kv.view(func(t kvTxn) error {

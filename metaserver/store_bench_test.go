@@ -29,12 +29,12 @@ func BenchmarkStoreWrite64K(b *testing.B) {
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
 			s := benchStore(b, v.vt)
-			data := make([]byte, ChunkSize)
+			data := make([]byte, PageSize)
 			for i := range data {
 				data[i] = byte(i*7 + i>>8)
 			}
 			var f Attr
-			b.SetBytes(ChunkSize)
+			b.SetBytes(PageSize)
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				if i%1024 == 0 {
@@ -43,7 +43,7 @@ func BenchmarkStoreWrite64K(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				if _, err := s.Write(f.Ino, uint64(i%1024)*ChunkSize, data, 2); err != nil {
+				if _, err := s.Write(f.Ino, uint64(i%1024)*PageSize, data, 2); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -104,11 +104,11 @@ func BenchmarkStoreRead64K(b *testing.B) {
 			for off := uint64(0); off < 64<<20; off += 1 << 20 {
 				must[Attr](b)(s.Write(f.Ino, off, data, 1))
 			}
-			b.SetBytes(ChunkSize)
+			b.SetBytes(PageSize)
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
-				got, err := s.Read(f.Ino, uint64(i%1024)*ChunkSize, ChunkSize)
-				if err != nil || len(got) != ChunkSize {
+				got, err := s.Read(f.Ino, uint64(i%1024)*PageSize, PageSize)
+				if err != nil || len(got) != PageSize {
 					b.Fatal(err, len(got))
 				}
 			}
@@ -124,11 +124,11 @@ func BenchmarkStoreReadAt64K(b *testing.B) {
 	for off := uint64(0); off < 64<<20; off += 1 << 20 {
 		must[Attr](b)(s.Write(f.Ino, off, data, 1))
 	}
-	buf := make([]byte, ChunkSize)
-	b.SetBytes(ChunkSize)
+	buf := make([]byte, PageSize)
+	b.SetBytes(PageSize)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		if n, err := s.ReadAt(f.Ino, uint64(i%1024)*ChunkSize, buf); err != nil || n != ChunkSize {
+		if n, err := s.ReadAt(f.Ino, uint64(i%1024)*PageSize, buf); err != nil || n != PageSize {
 			b.Fatal(err, n)
 		}
 	}

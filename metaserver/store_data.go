@@ -9,14 +9,14 @@ import (
 	"github.com/leasefs/leasefs/wire"
 )
 
-// chunkPool holds chunk-sized buffers for partial-chunk read-modify-write;
+// pagePool holds page-sized buffers for partial-page read-modify-write;
 // a transaction returns them after its commit.
-var chunkPool = sync.Pool{New: func() any { b := make([]byte, ChunkSize); return &b }}
+var pagePool = sync.Pool{New: func() any { b := make([]byte, PageSize); return &b }}
 
-func (tx *Tx) chunkBuf() []byte {
-	p := chunkPool.Get().(*[]byte)
+func (tx *Tx) pageBuf() []byte {
+	p := pagePool.Get().(*[]byte)
 	tx.bufs = append(tx.bufs, p)
-	return (*p)[:ChunkSize]
+	return (*p)[:PageSize]
 }
 
 // Read returns up to size bytes at off: short at end of file, holes read as
@@ -48,7 +48,7 @@ func (s *Store) ReadWithAttr(ino ids.Ino, off uint64, size int) ([]byte, Attr, e
 			return nil
 		}
 		out = make([]byte, min(uint64(size), n.Size-off))
-		return tx.readChunks(ino, off, out)
+		return tx.readPages(ino, off, out)
 	})
 	if err != nil {
 		return nil, Attr{}, err
@@ -73,36 +73,48 @@ func (s *Store) ReadAt(ino ids.Ino, off uint64, dst []byte) (int, error) {
 		}
 		got = int(min(uint64(len(dst)), n.Size-off))
 		clear(dst[:got])
-		return tx.readChunks(ino, off, dst[:got])
+		return tx.readPages(ino, off, dst[:got])
 	})
 	return got, err
 }
 
-// readChunks fills out (zeroed) with the file's bytes at off. Missing chunks
-// and bytes past a chunk's stored length are holes and stay zero.
-func (tx *Tx) readChunks(ino ids.Ino, off uint64, out []byte) error {
-	end := off + uint64(len(out))
-	for pos := off; pos < end; {
-		ci := pos / ChunkSize
-		cs := ci * ChunkSize
-		s0, e0 := pos-cs, min(end-cs, ChunkSize)
-		dst := out[pos-off : pos-off+(e0-s0)]
-		if _, err := tx.get(tx.key64(recChunk, ino, ci), func(v []byte) error {
-			if uint64(len(v)) > s0 {
-				copy(dst, v[s0:min(uint64(len(v)), e0)])
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-		pos = cs + e0
+// readPages fills out (zeroed) with the file's bytes at off. Missing pages
+// and bytes past a page's stored length are holes and stay zero. A read of
+// one page is one lookup; a longer one is one scan of its pages (a 1 MiB
+// read is 256 pages, a seek each would cost more).
+func (tx *Tx) readPages(ino ids.Ino, off uint64, out []byte) error {
+	if len(out) == 0 {
+		return nil
 	}
-	return nil
+	end := off + uint64(len(out))
+	first, last := off/PageSize, (end-1)/PageSize
+	fill := func(pi uint64, v []byte) {
+		ps := pi * PageSize
+		s0, e0 := max(off, ps)-ps, min(end-ps, PageSize)
+		if uint64(len(v)) > s0 {
+			copy(out[ps+s0-off:], v[s0:min(uint64(len(v)), e0)])
+		}
+	}
+	if first == last {
+		_, err := tx.get(tx.key64(recPage, ino, first), func(v []byte) error {
+			fill(first, v)
+			return nil
+		})
+		return err
+	}
+	return tx.scan(tx.key(recPage, ino, nil), tx.key64(recPage, ino, first), false, true, func(k, v []byte) (bool, error) {
+		pi := binary.BigEndian.Uint64(k[9:])
+		if pi > last {
+			return false, nil
+		}
+		fill(pi, v)
+		return pi < last, nil
+	})
 }
 
 // Write writes data at off and updates size, mtime, ctime and Version. A
-// chunk the write covers completely (up to the file's end) is written as is,
-// without reading it; a partial chunk is read, modified and written. The
+// page the write covers completely (up to the file's end) is written as is,
+// without reading it; a partial page is read, modified and written. The
 // store keeps data until the commit, inside this call, and does not retain it.
 func (s *Store) Write(ino ids.Ino, off uint64, data []byte, now int64) (Attr, error) {
 	return s.WriteSetAttr(ino, SpanAt(off, data), data, SetAttrIn{}, now)
@@ -116,10 +128,10 @@ func SpanAt(off uint64, data []byte) []wire.Span {
 	return []wire.Span{{Off: off, Len: uint32(len(data))}}
 }
 
-// maxWriteChunks bounds the chunks one write may touch, which keeps its
-// transaction within badger's size limit: twice the chunks of a write of
+// maxWritePages bounds the pages one write may touch, which keeps its
+// transaction within badger's size limit: twice the pages of a write of
 // wire.MaxData bytes, for scattered writes.
-const maxWriteChunks = 2 * wire.MaxData / ChunkSize
+const maxWritePages = 2 * wire.MaxData / PageSize
 
 // WriteSetAttr writes data into the spans (ascending and disjoint, data
 // holding their bytes one after another; see wire.Request.Spans), then
@@ -177,52 +189,52 @@ func (s *Store) WriteSetAttr(ino ids.Ino, spans []wire.Span, data []byte, in Set
 	return a, err
 }
 
-// writeSpans stores the spans' bytes in n's chunks, each chunk written
-// once: a chunk a piece covers from its start past the stored bytes is the
+// writeSpans stores the spans' bytes in n's pages, each page written
+// once: a page a piece covers from its start past the stored bytes is the
 // piece itself; otherwise the stored bytes are read and patched.
 func (tx *Tx) writeSpans(n *inode, spans []wire.Span, data []byte) error {
 	var (
-		cur     = ^uint64(0) // the chunk being assembled
+		cur     = ^uint64(0) // the page being assembled
 		val     []byte       // its new content
 		patched bool         // val is a buffer of the transaction's, not a piece
-		chunks  int
+		pages   int
 	)
 	store := func() error {
 		if cur == ^uint64(0) {
 			return nil
 		}
-		return tx.set(tx.key64(recChunk, n.Ino, cur), val)
+		return tx.set(tx.key64(recPage, n.Ino, cur), val)
 	}
 	for _, sp := range spans {
 		d := data[:sp.Len]
 		data = data[sp.Len:]
 		end := sp.Off + uint64(sp.Len)
 		for pos := sp.Off; pos < end; {
-			ci := pos / ChunkSize
-			cs := ci * ChunkSize
-			s0, e0 := pos-cs, min(end-cs, ChunkSize)
+			ci := pos / PageSize
+			cs := ci * PageSize
+			s0, e0 := pos-cs, min(end-cs, PageSize)
 			piece := d[pos-sp.Off : pos-sp.Off+(e0-s0)]
 			pos = cs + e0
 			if ci != cur {
 				if err := store(); err != nil {
 					return err
 				}
-				if chunks++; chunks > maxWriteChunks {
-					return wire.Errf(wire.CodeTooBig, "a write may touch at most %d chunks of %d bytes", maxWriteChunks, ChunkSize)
+				if pages++; pages > maxWritePages {
+					return wire.Errf(wire.CodeTooBig, "a write may touch at most %d pages of %d bytes", maxWritePages, PageSize)
 				}
 				cur, patched = ci, false
-				// chunks never hold bytes past Size, so this bounds what exists
+				// pages never hold bytes past Size, so this bounds what exists
 				var existing uint64
 				if cs < n.Size {
-					existing = min(n.Size-cs, ChunkSize)
+					existing = min(n.Size-cs, PageSize)
 				}
 				if s0 == 0 && e0 >= existing {
 					val = piece
 					continue
 				}
-				val = tx.chunkBuf()[:0]
+				val = tx.pageBuf()[:0]
 				if existing > 0 {
-					if _, err := tx.get(tx.key64(recChunk, n.Ino, ci), func(v []byte) error {
+					if _, err := tx.get(tx.key64(recPage, n.Ino, ci), func(v []byte) error {
 						val = append(val, v...)
 						return nil
 					}); err != nil {
@@ -231,12 +243,12 @@ func (tx *Tx) writeSpans(n *inode, spans []wire.Span, data []byte) error {
 				}
 				patched = true
 			} else if !patched {
-				val = append(tx.chunkBuf()[:0], val...)
+				val = append(tx.pageBuf()[:0], val...)
 				patched = true
 			}
 			have := uint64(len(val))
 			if have < e0 {
-				val = val[:e0] // within the chunk buffer's capacity
+				val = val[:e0] // within the page buffer's capacity
 			}
 			if have < s0 {
 				clear(val[have:s0])
@@ -247,17 +259,17 @@ func (tx *Tx) writeSpans(n *inode, spans []wire.Span, data []byte) error {
 	return store()
 }
 
-// truncate drops n's data past size (at most about deleteBatch chunks; shrink
+// truncate drops n's data past size (at most about deleteBatch pages; shrink
 // takes the rest first). It does not change n.
 func (tx *Tx) truncate(n *inode, size uint64) error {
 	if size >= n.Size {
-		return nil // chunks never hold bytes past Size: an extension reads zeros
+		return nil // pages never hold bytes past Size: an extension reads zeros
 	}
-	first := (size + ChunkSize - 1) / ChunkSize
+	first := (size + PageSize - 1) / PageSize
 	var keys [][]byte
-	err := tx.scan(tx.key(recChunk, n.Ino, nil), tx.key64(recChunk, n.Ino, first), false, false,
+	err := tx.scan(tx.key(recPage, n.Ino, nil), tx.key64(recPage, n.Ino, first), false, false,
 		func(k, _ []byte) (bool, error) {
-			keys = append(keys, tx.key(recChunk, n.Ino, k[9:]))
+			keys = append(keys, tx.key(recPage, n.Ino, k[9:]))
 			return true, nil
 		})
 	if err != nil {
@@ -268,12 +280,12 @@ func (tx *Tx) truncate(n *inode, size uint64) error {
 			return err
 		}
 	}
-	if keep := size % ChunkSize; keep != 0 {
-		key := tx.key64(recChunk, n.Ino, size/ChunkSize)
+	if keep := size % PageSize; keep != 0 {
+		key := tx.key64(recPage, n.Ino, size/PageSize)
 		var cut []byte
 		if _, err := tx.get(key, func(v []byte) error {
 			if uint64(len(v)) > keep {
-				cut = append(tx.chunkBuf()[:0], v[:keep]...)
+				cut = append(tx.pageBuf()[:0], v[:keep]...)
 			}
 			return nil
 		}); err != nil {
@@ -287,9 +299,9 @@ func (tx *Tx) truncate(n *inode, size uint64) error {
 }
 
 // shrink prepares a truncation to size of a file with more than deleteBatch
-// chunks past size: it removes the highest chunks deleteBatch at a time, each
+// pages past size: it removes the highest pages deleteBatch at a time, each
 // step one transaction that leaves the file shorter but valid (its size is
-// cut to the removed chunks' start), so a crash in between leaves a prefix of
+// cut to the removed pages' start), so a crash in between leaves a prefix of
 // the file, never a file with zeroed data inside its size.
 func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 	for {
@@ -304,13 +316,13 @@ func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 				done = true
 				return nil
 			}
-			first := (size + ChunkSize - 1) / ChunkSize
+			first := (size + PageSize - 1) / PageSize
 			var keys [][]byte
-			err = tx.scan(tx.key(recChunk, ino, nil), nil, true, false, func(k, _ []byte) (bool, error) {
+			err = tx.scan(tx.key(recPage, ino, nil), nil, true, false, func(k, _ []byte) (bool, error) {
 				if binary.BigEndian.Uint64(k[9:]) < first {
 					return false, nil
 				}
-				keys = append(keys, tx.key(recChunk, ino, k[9:]))
+				keys = append(keys, tx.key(recPage, ino, k[9:]))
 				return len(keys) <= deleteBatch, nil
 			})
 			if err != nil {
@@ -327,7 +339,7 @@ func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 				}
 			}
 			lowest := binary.BigEndian.Uint64(keys[len(keys)-1][9:])
-			n.Size = max(size, lowest*ChunkSize)
+			n.Size = max(size, lowest*PageSize)
 			n.Version++
 			n.Mtime, n.Ctime = now, now
 			n.touch()
@@ -339,7 +351,7 @@ func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 	}
 }
 
-// Purge deletes an unlinked inode (Nlink 0): its attributes, chunks, xattrs
+// Purge deletes an unlinked inode (Nlink 0): its attributes, pages, xattrs
 // and symlink target. It does nothing to a linked inode. Call it when the last
 // handle of an unlinked file closes, or at once if none is open. A big file
 // takes several transactions; a crash in between leaves an orphan that
@@ -367,8 +379,8 @@ func (s *Store) Purge(ino ids.Ino) error {
 				return nil
 			}
 			var keys [][]byte
-			err = tx.scan(tx.key(recChunk, ino, nil), nil, false, false, func(k, _ []byte) (bool, error) {
-				keys = append(keys, tx.key(recChunk, ino, k[9:]))
+			err = tx.scan(tx.key(recPage, ino, nil), nil, false, false, func(k, _ []byte) (bool, error) {
+				keys = append(keys, tx.key(recPage, ino, k[9:]))
 				return len(keys) < deleteBatch, nil
 			})
 			if err != nil {
@@ -380,7 +392,7 @@ func (s *Store) Purge(ino ids.Ino) error {
 				}
 			}
 			if len(keys) == deleteBatch {
-				return nil // more chunks: another transaction
+				return nil // more pages: another transaction
 			}
 			done = true
 			if err := tx.delXattrs(ino); err != nil {

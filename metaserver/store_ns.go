@@ -140,8 +140,8 @@ func (s *Store) GetAttr(ino ids.Ino) (Attr, error) {
 }
 
 // SetAttr changes attributes. A size change truncates or extends the file:
-// chunks past the new size are dropped and the last partial chunk is cut, so
-// a later extension reads zeros. Truncating away more than deleteBatch chunks
+// pages past the new size are dropped and the last partial page is cut, so
+// a later extension reads zeros. Truncating away more than deleteBatch pages
 // takes several transactions, each leaving a valid shorter file.
 func (s *Store) SetAttr(ino ids.Ino, in SetAttrIn, now int64) (Attr, error) {
 	if in.Valid&wire.SetSize != 0 {

@@ -50,13 +50,13 @@ import (
 
 // replPrefixes are the record kinds replicated with an inode, in key order,
 // its 'E' state excluded.
-var replPrefixes = [...]byte{recAttr, recCookie, recEntry, recChunk, recSymlink, recDone, recXattr}
+var replPrefixes = [...]byte{recAttr, recCookie, recEntry, recSymlink, recPage, recDone, recXattr}
 
 // MaxIno is the largest inode number; a digest page through it is the last.
 const MaxIno = ids.Ino(^uint64(0))
 
 // MaxSnapshotRecords bounds the records of one InodeSnapshot (a file of up
-// to 256 MiB), which InodeState holds in memory; transfers between servers
+// to 16 MiB), which InodeState holds in memory; transfers between servers
 // go a page at a time instead (CopyInode).
 const MaxSnapshotRecords = deleteBatch
 
@@ -274,7 +274,7 @@ func (c *ReplicaChange) validate() error {
 	}
 	for _, w := range c.Writes {
 		if !replicated(w.Key) || w.Ino() != c.Ino {
-			return fmt.Errorf("%w: record %x in a change of %v", ErrBadChange, w.Key, c.Ino)
+			return fmt.Errorf("%w: record %x in a change of %v%s", ErrBadChange, w.Key, c.Ino, legacyHint(w.Key))
 		}
 	}
 	return nil
@@ -584,7 +584,7 @@ type DigestPage struct {
 func (p DigestPage) Last() bool { return p.Through == MaxIno }
 
 // digestPrefixes are every kind an inode can have, 'E' included, in key order.
-var digestPrefixes = [...]byte{recAttr, recCookie, recEntry, recRepl, recChunk, recSymlink, recDone, recXattr}
+var digestPrefixes = [...]byte{recAttr, recCookie, recEntry, recRepl, recSymlink, recPage, recDone, recXattr}
 
 // Digest returns the page of at most max inodes (0: 1024) after after,
 // ending at the last inode it holds, or at MaxIno if no inode follows. Walk

@@ -353,7 +353,7 @@ func TestReplRecovery(t *testing.T) {
 	d := must[Attr](t)(a.s.Mkdir(ids.RootIno, "d", 0o755, 0, 0, 1))
 	f := must[Attr](t)(a.s.Create(d.Ino, "f", reg|0o644, 0, 0, 0, 1))
 	g := must[Attr](t)(a.s.Create(d.Ino, "g", reg|0o644, 0, 0, 0, 1))
-	data := bytes.Repeat([]byte("0123456789abcdef"), 3*ChunkSize/16)
+	data := bytes.Repeat([]byte("0123456789abcdef"), 3*PageSize/16)
 	must[Attr](t)(a.s.Write(f.Ino, 0, data, 2))
 	must[Attr](t)(a.s.Write(g.Ino, 0, []byte("g"), 2))
 	must[any](t)(nil, a.s.SetXattr(g.Ino, "user.g", []byte("1"), 0))
@@ -363,7 +363,7 @@ func TestReplRecovery(t *testing.T) {
 	must[any](t)(nil, a.s.Purge(g.Ino))
 	must[Attr](t)(a.s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: 10}, 4))
 	ship(t, a.take(), b)
-	if n := countRecords(t, c.s, recChunk, f.Ino); n != 3 {
+	if n := countRecords(t, c.s, recPage, f.Ino); n != 3 {
 		t.Fatalf("c holds %d chunks of f before recovery", n)
 	}
 
@@ -384,12 +384,12 @@ func TestReplRecovery(t *testing.T) {
 	sameChecksums(t, b, c)
 	wantCode(t, must2err(c.s.Lookup(d.Ino, "g")), wire.CodeNotFound)
 	wantCode(t, must2err(c.s.GetAttr(g.Ino)), wire.CodeNotFound)
-	for _, p := range []byte{recAttr, recXattr, recChunk} {
+	for _, p := range []byte{recAttr, recXattr, recPage} {
 		if n := countRecords(t, c.s, p, g.Ino); n != 0 {
 			t.Fatalf("purged g keeps %d %c records on c", n, p)
 		}
 	}
-	if n := countRecords(t, c.s, recChunk, f.Ino); n != 1 {
+	if n := countRecords(t, c.s, recPage, f.Ino); n != 1 {
 		t.Fatalf("c holds %d chunks of the truncated f", n)
 	}
 	if got := must[[]byte](t)(c.s.Read(f.Ino, 0, 1<<20)); !bytes.Equal(got, data[:10]) {
@@ -536,14 +536,14 @@ func antiEntropy(t *testing.T, local, peer *Store, max int, hashes bool) (fetch,
 func TestReplLargeFile(t *testing.T) {
 	a, b, c := replCluster(t)
 	f := must[Attr](t)(a.s.Create(ids.RootIno, "big", reg|0o644, 0, 0, 0, 1))
-	data := make([]byte, 5*ChunkSize+100)
+	data := make([]byte, 5*PageSize+100)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range data {
 		data[i] = byte(rng.Uint32())
 	}
 	must[Attr](t)(a.s.Write(f.Ino, 0, data, 2))
-	must[Attr](t)(a.s.Write(f.Ino, 3*ChunkSize+7, []byte("patch"), 3)) // read-modify-write
-	copy(data[3*ChunkSize+7:], "patch")
+	must[Attr](t)(a.s.Write(f.Ino, 3*PageSize+7, []byte("patch"), 3)) // read-modify-write
+	copy(data[3*PageSize+7:], "patch")
 	ship(t, a.take(), b)
 	sameChecksums(t, a, b)
 	if got := must[[]byte](t)(b.s.Read(f.Ino, 0, len(data)+10)); !bytes.Equal(got, data) {
@@ -558,14 +558,14 @@ func TestReplLargeFile(t *testing.T) {
 	if got := must[[]byte](t)(c.s.Read(f.Ino, 0, len(data))); !bytes.Equal(got, data) {
 		t.Fatal("snapshot reads different data")
 	}
-	must[Attr](t)(a.s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: ChunkSize + 10}, 4))
+	must[Attr](t)(a.s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: PageSize + 10}, 4))
 	ship(t, a.take(), b)
 	must[any](t)(nil, c.s.ReplaceInode(must[InodeSnapshot](t)(a.s.InodeState(f.Ino)), 1))
 	for _, n := range []*replNode{a, b, c} {
-		if k := countRecords(t, n.s, recChunk, f.Ino); k != 2 {
+		if k := countRecords(t, n.s, recPage, f.Ino); k != 2 {
 			t.Fatalf("%d chunks after truncation", k)
 		}
-		if got := must[[]byte](t)(n.s.Read(f.Ino, 0, len(data))); !bytes.Equal(got, data[:ChunkSize+10]) {
+		if got := must[[]byte](t)(n.s.Read(f.Ino, 0, len(data))); !bytes.Equal(got, data[:PageSize+10]) {
 			t.Fatal("truncated file reads different data")
 		}
 	}
@@ -642,7 +642,7 @@ func BenchmarkApplyReplica(b *testing.B) {
 		name  string
 		inos  int
 		chunk int
-	}{{"attr", 1, 0}, {"attr+4KiB", 1, 4 << 10}, {"attr+64KiB", 1, ChunkSize}, {"3inodes", 3, 0}} {
+	}{{"attr", 1, 0}, {"attr+4KiB", 1, 4 << 10}, {"attr+64KiB", 1, PageSize}, {"3inodes", 3, 0}} {
 		for _, baseline := range []bool{true, false} {
 			name := bc.name + "/replica"
 			if baseline {
@@ -658,7 +658,7 @@ func BenchmarkApplyReplica(b *testing.B) {
 					changes[i] = ReplicaChange{Ino: ino, Epoch: 1,
 						Writes: []Write{{Key: tx.key(recAttr, ino, nil), Value: attr}}}
 					if bc.chunk > 0 {
-						changes[i].Writes = append(changes[i].Writes, Write{Key: tx.key64(recChunk, ino, 0), Value: chunk})
+						changes[i].Writes = append(changes[i].Writes, Write{Key: tx.key64(recPage, ino, 0), Value: chunk})
 					}
 				}
 				b.SetBytes(int64(bc.inos * (len(attr) + bc.chunk)))

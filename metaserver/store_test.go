@@ -300,7 +300,7 @@ func TestStoreLinkUnlinkPurge(t *testing.T) {
 	s := newStore(t)
 	d := must[Attr](t)(s.Mkdir(ids.RootIno, "d", 0o755, 0, 0, 1))
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
-	must[Attr](t)(s.Write(f.Ino, 0, bytes.Repeat([]byte("z"), 3*ChunkSize), 2))
+	must[Attr](t)(s.Write(f.Ino, 0, bytes.Repeat([]byte("z"), 3*PageSize), 2))
 	must[any](t)(nil, s.SetXattr(f.Ino, "user.a", []byte("1"), 0))
 
 	l := must[Attr](t)(s.Link(f.Ino, d.Ino, "g", 3))
@@ -335,7 +335,7 @@ func TestStoreLinkUnlinkPurge(t *testing.T) {
 		t.Fatalf("last unlink %+v", r)
 	}
 	// an orphan: still readable, not linkable, until purged
-	if a := must[Attr](t)(s.GetAttr(f.Ino)); a.Nlink != 0 || a.Size != 3*ChunkSize {
+	if a := must[Attr](t)(s.GetAttr(f.Ino)); a.Nlink != 0 || a.Size != 3*PageSize {
 		t.Fatalf("orphan %+v", a)
 	}
 	must[Attr](t)(s.Write(f.Ino, 0, []byte("y"), 6))
@@ -347,7 +347,7 @@ func TestStoreLinkUnlinkPurge(t *testing.T) {
 	must[any](t)(nil, s.Purge(f.Ino))
 	_, err = s.GetAttr(f.Ino)
 	wantCode(t, err, wire.CodeNotFound)
-	for _, p := range []byte{recChunk, recXattr, recAttr} {
+	for _, p := range []byte{recPage, recXattr, recAttr} {
 		if n := countRecords(t, s, p, f.Ino); n != 0 {
 			t.Fatalf("%d %c records left after purge", n, p)
 		}
@@ -372,14 +372,14 @@ func TestStoreSetAttr(t *testing.T) {
 		t.Fatalf("utimens now %+v", a)
 	}
 	v := a.Version
-	a = must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: 5 * ChunkSize}, 8))
-	if a.Size != 5*ChunkSize || a.Version != v+1 || a.Mtime != 8 || a.Blocks != 5*ChunkSize/512 {
+	a = must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: 5 * PageSize}, 8))
+	if a.Size != 5*PageSize || a.Version != v+1 || a.Mtime != 8 || a.Blocks != 5*PageSize/512 {
 		t.Fatalf("extend %+v", a)
 	}
 	if got := must[[]byte](t)(s.Read(f.Ino, 0, 100)); !bytes.Equal(got, make([]byte, 100)) {
 		t.Fatal("extension not zero")
 	}
-	a = must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: 5 * ChunkSize}, 9))
+	a = must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: 5 * PageSize}, 9))
 	if a.Version != v+1 || a.Mtime != 8 {
 		t.Fatalf("same size changed version or mtime: %+v", a)
 	}
@@ -432,9 +432,9 @@ func TestStoreWriteSpans(t *testing.T) {
 	for round := range 200 {
 		var spans []wire.Span
 		var data []byte
-		off := uint64(r.IntN(3 * ChunkSize))
+		off := uint64(r.IntN(3 * PageSize))
 		for range 1 + r.IntN(12) {
-			n := 1 + r.IntN(ChunkSize/2)
+			n := 1 + r.IntN(PageSize/2)
 			if r.IntN(3) == 0 {
 				n = 1 + r.IntN(64)
 			}
@@ -442,7 +442,7 @@ func TestStoreWriteSpans(t *testing.T) {
 			for range n {
 				data = append(data, byte(r.Uint32()))
 			}
-			off += uint64(n) + uint64(r.IntN(3)*r.IntN(ChunkSize/4))
+			off += uint64(n) + uint64(r.IntN(3)*r.IntN(PageSize/4))
 		}
 		a := must[Attr](t)(s.WriteSetAttr(f.Ino, spans, data, SetAttrIn{}, int64(round+2)))
 		rest := data
@@ -465,8 +465,8 @@ func TestStoreWriteSpans(t *testing.T) {
 	_, err := s.WriteSetAttr(f.Ino, []wire.Span{{Off: 0, Len: 4}}, []byte("abc"), SetAttrIn{}, 1000)
 	wantCode(t, err, wire.CodeInvalid)
 	var far []wire.Span
-	for i := range maxWriteChunks + 1 {
-		far = append(far, wire.Span{Off: uint64(i) * ChunkSize, Len: 1})
+	for i := range maxWritePages + 1 {
+		far = append(far, wire.Span{Off: uint64(i) * PageSize, Len: 1})
 	}
 	_, err = s.WriteSetAttr(f.Ino, far, make([]byte, len(far)), SetAttrIn{}, 1000)
 	wantCode(t, err, wire.CodeTooBig)
@@ -481,12 +481,12 @@ func TestStoreWriteSpans(t *testing.T) {
 func TestStoreTruncate(t *testing.T) {
 	s := newStore(t)
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
-	data := make([]byte, 3*ChunkSize+100)
+	data := make([]byte, 3*PageSize+100)
 	for i := range data {
 		data[i] = byte(i%251) + 1
 	}
 	must[Attr](t)(s.Write(f.Ino, 0, data, 2))
-	for _, size := range []uint64{3*ChunkSize + 50, 2*ChunkSize + 7, ChunkSize, 10, 0} {
+	for _, size := range []uint64{3*PageSize + 50, 2*PageSize + 7, PageSize, 10, 0} {
 		must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: size}, 3))
 		got := must[[]byte](t)(s.Read(f.Ino, 0, len(data)))
 		if !bytes.Equal(got, data[:size]) {
@@ -500,11 +500,11 @@ func TestStoreTruncate(t *testing.T) {
 			t.Fatalf("truncate to %d then extend: stale data", size)
 		}
 		must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: size}, 3))
-		if n, want := countRecords(t, s, recChunk, f.Ino), int((size+ChunkSize-1)/ChunkSize); n != want {
+		if n, want := countRecords(t, s, recPage, f.Ino), int((size+PageSize-1)/PageSize); n != want {
 			t.Fatalf("size %d: %d chunks, want %d", size, n, want)
 		}
 		data = data[:size]
-		data = append(data, make([]byte, 3*ChunkSize+100-len(data))...)
+		data = append(data, make([]byte, 3*PageSize+100-len(data))...)
 		for i := int(size); i < len(data); i++ {
 			data[i] = byte(i%13) + 1
 		}
@@ -519,32 +519,32 @@ func TestStoreTruncateMany(t *testing.T) {
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
 	n := deleteBatch*2 + 100
 	for i := range n {
-		must[Attr](t)(s.Write(f.Ino, uint64(i)*ChunkSize+ChunkSize-1, []byte{byte(i) | 1}, 2))
+		must[Attr](t)(s.Write(f.Ino, uint64(i)*PageSize+PageSize-1, []byte{byte(i) | 1}, 2))
 	}
-	if got := countRecords(t, s, recChunk, f.Ino); got != n {
+	if got := countRecords(t, s, recPage, f.Ino); got != n {
 		t.Fatalf("%d chunks, want %d", got, n)
 	}
 	var ops int
 	s.onCommit = func([]Write) { ops++ }
-	a := must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: ChunkSize + 5}, 3))
+	a := must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: PageSize + 5}, 3))
 	s.onCommit = nil
-	if a.Size != ChunkSize+5 || ops != 3 {
+	if a.Size != PageSize+5 || ops != 3 {
 		t.Fatalf("size %d after %d transactions", a.Size, ops)
 	}
-	if got := countRecords(t, s, recChunk, f.Ino); got != 2 {
+	if got := countRecords(t, s, recPage, f.Ino); got != 2 {
 		t.Fatalf("%d chunks left", got)
 	}
-	got := must[[]byte](t)(s.Read(f.Ino, ChunkSize-1, 100))
+	got := must[[]byte](t)(s.Read(f.Ino, PageSize-1, 100))
 	if !bytes.Equal(got, []byte{1, 0, 0, 0, 0, 0}) {
 		t.Fatalf("tail %v", got)
 	}
 	// purge of a file with many chunks
 	for i := range n {
-		must[Attr](t)(s.Write(f.Ino, uint64(i)*ChunkSize, []byte{1}, 2))
+		must[Attr](t)(s.Write(f.Ino, uint64(i)*PageSize, []byte{1}, 2))
 	}
 	must[Attr](t)(s.Unlink(ids.RootIno, "f", 4))
 	must[any](t)(nil, s.Purge(f.Ino))
-	if got := countRecords(t, s, recChunk, f.Ino); got != 0 {
+	if got := countRecords(t, s, recPage, f.Ino); got != 0 {
 		t.Fatalf("%d chunks left after purge", got)
 	}
 }
@@ -575,21 +575,21 @@ func TestStoreReadWrite(t *testing.T) {
 		}
 	}
 	write(0, 10)
-	write(5, 10)                      // overlap within a chunk
-	write(ChunkSize-3, 10)            // across a chunk boundary, with a hole before
-	write(3*ChunkSize, 2*ChunkSize)   // whole chunks after a hole
-	write(3*ChunkSize+1, 2*ChunkSize) // misaligned over existing chunks
-	write(10*ChunkSize+17, 1)         // far hole
+	write(5, 10)                    // overlap within a chunk
+	write(PageSize-3, 10)           // across a chunk boundary, with a hole before
+	write(3*PageSize, 2*PageSize)   // whole chunks after a hole
+	write(3*PageSize+1, 2*PageSize) // misaligned over existing chunks
+	write(10*PageSize+17, 1)        // far hole
 	check()
 	for range 200 {
-		off := uint64(rng.IntN(12 * ChunkSize))
-		write(off, rng.IntN(3*ChunkSize)+1)
+		off := uint64(rng.IntN(12 * PageSize))
+		write(off, rng.IntN(3*PageSize)+1)
 	}
 	check()
 	// reads at every alignment
 	for range 200 {
 		off := rng.IntN(len(model) + 10)
-		n := rng.IntN(3 * ChunkSize)
+		n := rng.IntN(3 * PageSize)
 		got := must[[]byte](t)(s.Read(f.Ino, uint64(off), n))
 		want := []byte{}
 		if off < len(model) {
@@ -629,21 +629,21 @@ func TestStoreReadWrite(t *testing.T) {
 func TestStoreWholeChunkNoRead(t *testing.T) {
 	s := newStore(t)
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
-	must[Attr](t)(s.Write(f.Ino, 0, make([]byte, 2*ChunkSize), 1))
+	must[Attr](t)(s.Write(f.Ino, 0, make([]byte, 2*PageSize), 1))
 	var reads []string
 	s.kv = countingKV{s.kv, &reads}
-	must[Attr](t)(s.Write(f.Ino, 0, bytes.Repeat([]byte{1}, 2*ChunkSize), 2)) // overwrite
-	must[Attr](t)(s.Write(f.Ino, 2*ChunkSize, []byte{1, 2, 3}, 3))            // append, fresh chunk
+	must[Attr](t)(s.Write(f.Ino, 0, bytes.Repeat([]byte{1}, 2*PageSize), 2)) // overwrite
+	must[Attr](t)(s.Write(f.Ino, 2*PageSize, []byte{1, 2, 3}, 3))            // append, fresh chunk
 	for _, r := range reads {
-		if r[0] == recChunk {
+		if r[0] == recPage {
 			t.Fatalf("chunk read during whole-chunk write: %x", r)
 		}
 	}
-	must[Attr](t)(s.Write(f.Ino, 2*ChunkSize+1, []byte{9}, 4)) // partial: must read
-	if !slices.ContainsFunc(reads, func(r string) bool { return r[0] == recChunk }) {
+	must[Attr](t)(s.Write(f.Ino, 2*PageSize+1, []byte{9}, 4)) // partial: must read
+	if !slices.ContainsFunc(reads, func(r string) bool { return r[0] == recPage }) {
 		t.Fatal("partial write did not read its chunk")
 	}
-	if got := must[[]byte](t)(s.Read(f.Ino, 2*ChunkSize-1, 10)); !bytes.Equal(got, []byte{1, 1, 9, 3}) {
+	if got := must[[]byte](t)(s.Read(f.Ino, 2*PageSize-1, 10)); !bytes.Equal(got, []byte{1, 1, 9, 3}) {
 		t.Fatalf("got %v", got)
 	}
 }
@@ -681,12 +681,12 @@ func TestStoreSparseBig(t *testing.T) {
 	if got := must[[]byte](t)(s.Read(f.Ino, 1<<32, 1<<20)); !bytes.Equal(got, make([]byte, 1<<20)) {
 		t.Fatal("hole past 4 GiB not zero")
 	}
-	if n := countRecords(t, s, recChunk, f.Ino); n != 1 {
+	if n := countRecords(t, s, recPage, f.Ino); n != 1 {
 		t.Fatalf("%d chunks for a sparse file", n)
 	}
 	// also past 4 GiB with real data across a chunk boundary
-	must[Attr](t)(s.Write(f.Ino, 1<<32+ChunkSize-2, []byte("abcd"), 3))
-	if got := must[[]byte](t)(s.Read(f.Ino, 1<<32+ChunkSize-2, 4)); string(got) != "abcd" {
+	must[Attr](t)(s.Write(f.Ino, 1<<32+PageSize-2, []byte("abcd"), 3))
+	if got := must[[]byte](t)(s.Read(f.Ino, 1<<32+PageSize-2, 4)); string(got) != "abcd" {
 		t.Fatalf("got %q", got)
 	}
 	must[any](t)(nil, s.Sync())
@@ -695,7 +695,7 @@ func TestStoreSparseBig(t *testing.T) {
 		t.Fatalf("store of a sparse 5 GiB file takes %d+%d bytes", lsm, vlog)
 	}
 	a = must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: 1 << 32}, 4))
-	if a.Size != 1<<32 || countRecords(t, s, recChunk, f.Ino) != 0 {
+	if a.Size != 1<<32 || countRecords(t, s, recPage, f.Ino) != 0 {
 		t.Fatal("truncate below the data left chunks")
 	}
 }
@@ -1030,7 +1030,7 @@ func runHistory(t *testing.T, s *Store) {
 	e := must[Attr](t)(s.Mkdir(ids.RootIno, "e", 0o755, 0, 0, 1))
 	f := must[Attr](t)(s.Create(d.Ino, "f", reg|0o644, 0, 0, 0, 1))
 	g := must[Attr](t)(s.Create(d.Ino, "g", reg|0o644, 0, 0, 0, 1))
-	must[Attr](t)(s.Write(f.Ino, 100, bytes.Repeat([]byte("q"), 2*ChunkSize), 2))
+	must[Attr](t)(s.Write(f.Ino, 100, bytes.Repeat([]byte("q"), 2*PageSize), 2))
 	must[Attr](t)(s.Write(f.Ino, 5, []byte("partial"), 2))
 	must[Attr](t)(s.Write(g.Ino, 5, []byte("gone"), 2))
 	must[any](t)(nil, s.SetXattr(f.Ino, "user.x", []byte("1"), 0))
@@ -1133,7 +1133,7 @@ func TestStoreSurvivesKill(t *testing.T) {
 	s := openTestStore(t, dir, StoreOptions{})
 	defer s.Close()
 	a := must[Attr](t)(s.Lookup(ids.RootIno, "killed"))
-	if uint64(a.Ino) != ino || a.Size != 3*ChunkSize+1 {
+	if uint64(a.Ino) != ino || a.Size != 3*PageSize+1 {
 		t.Fatalf("after kill: %+v (ino %d)", a, ino)
 	}
 	got := must[[]byte](t)(s.Read(a.Ino, 0, int(a.Size)))
@@ -1143,7 +1143,7 @@ func TestStoreSurvivesKill(t *testing.T) {
 }
 
 func killData() []byte {
-	b := make([]byte, 3*ChunkSize+1)
+	b := make([]byte, 3*PageSize+1)
 	for i := range b {
 		b[i] = byte(i * 31)
 	}

@@ -382,7 +382,7 @@ func (tr *Transfer) validate(records []Write) error {
 	}
 	for _, w := range records {
 		if !replicated(w.Key) || w.Ino() != tr.Ino || w.Delete {
-			return fmt.Errorf("%w: record %x in a transfer of %v", ErrBadChange, w.Key, tr.Ino)
+			return fmt.Errorf("%w: record %x in a transfer of %v%s", ErrBadChange, w.Key, tr.Ino, legacyHint(w.Key))
 		}
 	}
 	return nil

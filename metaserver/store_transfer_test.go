@@ -106,7 +106,7 @@ func TestTransferPaged(t *testing.T) {
 
 	f := must[Attr](t)(a.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
 	d := must[Attr](t)(a.Mkdir(ids.RootIno, "d", 0o755, 0, 0, 1))
-	old := randBytes(1, 30*ChunkSize)
+	old := randBytes(1, 480*PageSize)
 	writeFile(t, a, f.Ino, old)
 	must[any](t)(nil, a.SetXattr(f.Ino, "user.gone", []byte("x"), 0))
 	for i := range 3000 {
@@ -117,7 +117,7 @@ func TestTransferPaged(t *testing.T) {
 	for _, ino := range []ids.Ino{f.Ino, d.Ino} {
 		must[CopyResult](t)(CopyInode(context.Background(), a, b, ino, CopyOptions{}))
 	}
-	data := randBytes(2, 20*ChunkSize+5)
+	data := randBytes(2, 320*PageSize+5)
 	must[Attr](t)(a.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: 0}, 2))
 	writeFile(t, a, f.Ino, data)
 	must[any](t)(nil, a.RemoveXattr(f.Ino, "user.gone"))
@@ -222,7 +222,7 @@ func TestTransferSourceMoves(t *testing.T) {
 	defer a.Close()
 	defer b.Close()
 	f := must[Attr](t)(a.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
-	writeFile(t, a, f.Ino, randBytes(3, 10*ChunkSize))
+	writeFile(t, a, f.Ino, randBytes(3, 160*PageSize))
 
 	src := &movingSource{s: a, ino: f.Ino, times: 1}
 	got := must[CopyResult](t)(CopyInode(context.Background(), src, b, f.Ino, CopyOptions{PageBytes: MinPageBytes}))
@@ -269,7 +269,7 @@ func newCrashPair(t *testing.T) *crashPair {
 	t.Cleanup(func() { cp.b.Close() })
 	f := must[Attr](t)(cp.a.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
 	cp.ino = f.Ino
-	cp.old = randBytes(4, 12*ChunkSize)
+	cp.old = randBytes(4, 192*PageSize)
 	writeFile(t, cp.a, f.Ino, cp.old)
 	must[CopyResult](t)(CopyInode(context.Background(), cp.a, cp.b, f.Ino, CopyOptions{Epoch: 2}))
 	cp.oldState = inodeDigest(t, cp.b, f.Ino)
@@ -280,7 +280,7 @@ func newCrashPair(t *testing.T) *crashPair {
 		t.Fatal("restamp refused")
 	}
 	epA = 3
-	cp.new = randBytes(5, 20*ChunkSize+9)
+	cp.new = randBytes(5, 320*PageSize+9)
 	must[Attr](t)(cp.a.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: 0}, 2))
 	writeFile(t, cp.a, f.Ino, cp.new)
 	return cp
