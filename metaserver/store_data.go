@@ -1,6 +1,7 @@
 package metaserver
 
 import (
+	"bytes"
 	"encoding/binary"
 	"sync"
 	"syscall"
@@ -304,8 +305,10 @@ func (tx *Tx) truncate(n *inode, size uint64) error {
 // cut to the removed pages' start), so a crash in between leaves a prefix of
 // the file, never a file with zeroed data inside its size.
 func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
+	var from []byte // below the last step's pages (see Purge)
 	for {
 		done := false
+		var lowestKey []byte
 		_, err := s.update(func(tx *Tx) error {
 			done = false
 			n, err := tx.inode(ino)
@@ -318,7 +321,7 @@ func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 			}
 			first := (size + PageSize - 1) / PageSize
 			var keys [][]byte
-			err = tx.scan(tx.key(recPage, ino, nil), nil, true, false, func(k, _ []byte) (bool, error) {
+			err = tx.scan(tx.key(recPage, ino, nil), from, true, false, func(k, _ []byte) (bool, error) {
 				if binary.BigEndian.Uint64(k[9:]) < first {
 					return false, nil
 				}
@@ -338,7 +341,8 @@ func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 					return err
 				}
 			}
-			lowest := binary.BigEndian.Uint64(keys[len(keys)-1][9:])
+			lowestKey = keys[len(keys)-1]
+			lowest := binary.BigEndian.Uint64(lowestKey[9:])
 			n.Size = max(size, lowest*PageSize)
 			n.Version++
 			n.Mtime, n.Ctime = now, now
@@ -348,6 +352,7 @@ func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 		if err != nil || done {
 			return err
 		}
+		from = lowestKey
 	}
 }
 
@@ -367,8 +372,12 @@ func (s *Store) Purge(ino ids.Ino) error {
 	}); err != nil || linked {
 		return err
 	}
+	// Each transaction scans on from the last page the one before deleted:
+	// from the first page, it would step over every deletion so far.
+	var from []byte
 	for {
 		done := false
+		var last []byte
 		_, err := s.update(func(tx *Tx) error {
 			n, err := tx.inode(ino)
 			if err != nil {
@@ -379,10 +388,13 @@ func (s *Store) Purge(ino ids.Ino) error {
 				return nil
 			}
 			var keys [][]byte
-			err = tx.scan(tx.key(recPage, ino, nil), nil, false, false, func(k, _ []byte) (bool, error) {
+			err = tx.scan(tx.key(recPage, ino, nil), from, false, false, func(k, _ []byte) (bool, error) {
 				keys = append(keys, tx.key(recPage, ino, k[9:]))
 				return len(keys) < deleteBatch, nil
 			})
+			if len(keys) > 0 {
+				last = keys[len(keys)-1]
+			}
 			if err != nil {
 				return err
 			}
@@ -412,6 +424,7 @@ func (s *Store) Purge(ino ids.Ino) error {
 		if err != nil || done {
 			return err
 		}
+		from = append(bytes.Clone(last), 0) // the next key after it
 	}
 }
 

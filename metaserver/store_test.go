@@ -522,7 +522,7 @@ func TestStoreTruncateMany(t *testing.T) {
 		must[Attr](t)(s.Write(f.Ino, uint64(i)*PageSize+PageSize-1, []byte{byte(i) | 1}, 2))
 	}
 	if got := countRecords(t, s, recPage, f.Ino); got != n {
-		t.Fatalf("%d chunks, want %d", got, n)
+		t.Fatalf("%d pages, want %d", got, n)
 	}
 	var ops int
 	s.onCommit = func([]Write) { ops++ }
@@ -532,20 +532,20 @@ func TestStoreTruncateMany(t *testing.T) {
 		t.Fatalf("size %d after %d transactions", a.Size, ops)
 	}
 	if got := countRecords(t, s, recPage, f.Ino); got != 2 {
-		t.Fatalf("%d chunks left", got)
+		t.Fatalf("%d pages left", got)
 	}
 	got := must[[]byte](t)(s.Read(f.Ino, PageSize-1, 100))
 	if !bytes.Equal(got, []byte{1, 0, 0, 0, 0, 0}) {
 		t.Fatalf("tail %v", got)
 	}
-	// purge of a file with many chunks
+	// purge of a file with many pages
 	for i := range n {
 		must[Attr](t)(s.Write(f.Ino, uint64(i)*PageSize, []byte{1}, 2))
 	}
 	must[Attr](t)(s.Unlink(ids.RootIno, "f", 4))
 	must[any](t)(nil, s.Purge(f.Ino))
 	if got := countRecords(t, s, recPage, f.Ino); got != 0 {
-		t.Fatalf("%d chunks left after purge", got)
+		t.Fatalf("%d pages left after purge", got)
 	}
 }
 
