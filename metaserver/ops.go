@@ -267,8 +267,8 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			if rep := s.namesOther(r); rep != nil {
 				return rep
 			}
-			a, err := st.Unlink(r.Parent, r.Name, now)
-			if err == nil {
+			a, purged, err := st.Unlink(r.Parent, r.Name, now, s.unopened)
+			if err == nil && !purged {
 				s.removed(&a)
 			}
 			return s.withDirAttr(errReply(err), r.Parent)

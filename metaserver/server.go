@@ -471,6 +471,14 @@ func (s *Server) closeHandle(ino ids.Ino) {
 }
 
 // removed purges an inode that lost its last link, unless it is open.
+// unopened reports whether no handle of ino is open: an unlink under an X
+// lock on ino (no open can start) may then purge it at once.
+func (s *Server) unopened(ino ids.Ino) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.opens[ino] == 0
+}
+
 func (s *Server) removed(a *Attr) {
 	if a == nil || a.Nlink > 0 || a.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 		return

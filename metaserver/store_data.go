@@ -376,8 +376,10 @@ func (s *Store) Purge(ino ids.Ino) error {
 	// from the first page, it would step over every deletion so far.
 	var from []byte
 	for {
-		done := false
-		var last []byte
+		var (
+			done bool
+			last []byte
+		)
 		_, err := s.update(func(tx *Tx) error {
 			n, err := tx.inode(ino)
 			if err != nil {
@@ -387,45 +389,61 @@ func (s *Store) Purge(ino ids.Ino) error {
 				done = true
 				return nil
 			}
-			var keys [][]byte
-			err = tx.scan(tx.key(recPage, ino, nil), from, false, false, func(k, _ []byte) (bool, error) {
-				keys = append(keys, tx.key(recPage, ino, k[9:]))
-				return len(keys) < deleteBatch, nil
-			})
-			if len(keys) > 0 {
-				last = keys[len(keys)-1]
-			}
-			if err != nil {
-				return err
-			}
-			for _, k := range keys {
-				if err := tx.del(k); err != nil {
-					return err
-				}
-			}
-			if len(keys) == deleteBatch {
-				return nil // more pages: another transaction
-			}
-			done = true
-			if err := tx.delXattrs(ino); err != nil {
-				return err
-			}
-			if err := tx.delDone(ino); err != nil {
-				return err
-			}
-			if modeType(n.Mode) == syscall.S_IFLNK {
-				if err := tx.del(tx.key(recSymlink, ino, nil)); err != nil {
-					return err
-				}
-			}
-			n.deleted = true
-			return nil
+			last, done, err = tx.purgeStep(n, from)
+			return err
 		})
 		if err != nil || done {
 			return err
 		}
 		from = append(bytes.Clone(last), 0) // the next key after it
 	}
+}
+
+// blindDeletePages: a purge deletes the pages of a file this small by key,
+// without looking for them.
+const blindDeletePages = 64
+
+// purgeStep deletes up to deleteBatch of unlinked n's pages from the page
+// key from (nil: the first), and once none are left, all else of n. It
+// reports the last page key it deleted and whether n is gone.
+func (tx *Tx) purgeStep(n *inode, from []byte) (last []byte, done bool, err error) {
+	var keys [][]byte
+	if pages := (n.Size + PageSize - 1) / PageSize; from == nil && pages <= blindDeletePages {
+		// pages never lie past Size: delete each one that may exist,
+		// cheaper than an iterator for a small file
+		for pi := range pages {
+			keys = append(keys, tx.key64(recPage, n.Ino, pi))
+		}
+	} else {
+		err = tx.scan(tx.key(recPage, n.Ino, nil), from, false, false, func(k, _ []byte) (bool, error) {
+			keys = append(keys, tx.key(recPage, n.Ino, k[9:]))
+			return len(keys) < deleteBatch, nil
+		})
+		if err != nil {
+			return nil, false, err
+		}
+	}
+	for _, k := range keys {
+		if err := tx.del(k); err != nil {
+			return nil, false, err
+		}
+	}
+	if len(keys) == deleteBatch {
+		return keys[len(keys)-1], false, nil // more pages: another transaction
+	}
+	if err := tx.delXattrs(n.Ino); err != nil {
+		return nil, false, err
+	}
+	if err := tx.delDone(n.Ino); err != nil {
+		return nil, false, err
+	}
+	if modeType(n.Mode) == syscall.S_IFLNK {
+		if err := tx.del(tx.key(recSymlink, n.Ino, nil)); err != nil {
+			return nil, false, err
+		}
+	}
+	n.deleted = true
+	return nil, true, nil
 }
 
 // checkXattrName: Linux answers ERANGE for an empty or too long name.

@@ -382,12 +382,16 @@ func (s *Store) Link(ino, newParent ids.Ino, name string, now int64) (Attr, erro
 
 // Unlink removes name from parent and returns the inode's attributes after
 // the removal. When its Nlink is 0 the inode stays (an orphan, for open
-// handles) until the caller calls Purge. CodeIsDir on directories.
-func (s *Store) Unlink(parent ids.Ino, name string, now int64) (removed Attr, err error) {
+// handles) until the caller calls Purge, unless mayPurge says nobody has
+// it open: then it goes in the same transaction (purged; a big file's
+// first deleteBatch pages only, and the caller purges the rest). CodeIsDir
+// on directories.
+func (s *Store) Unlink(parent ids.Ino, name string, now int64, mayPurge func(ids.Ino) bool) (removed Attr, purged bool, err error) {
 	if err := checkName(name); err != nil {
-		return Attr{}, err
+		return Attr{}, false, err
 	}
 	_, err = s.update(func(tx *Tx) error {
+		purged = false
 		dir, err := tx.dir(parent)
 		if err != nil {
 			return err
@@ -417,9 +421,12 @@ func (s *Store) Unlink(parent ids.Ino, name string, now int64) (removed Attr, er
 		n.Ctime = now
 		n.touch()
 		removed = n.Attr
-		return nil
+		if n.Nlink == 0 && mayPurge != nil && mayPurge(n.Ino) {
+			_, purged, err = tx.purgeStep(n, nil)
+		}
+		return err
 	})
-	return removed, err
+	return removed, purged, err
 }
 
 // Rmdir removes an empty directory.

@@ -359,7 +359,7 @@ func TestReplRecovery(t *testing.T) {
 	must[any](t)(nil, a.s.SetXattr(g.Ino, "user.g", []byte("1"), 0))
 	ship(t, a.take(), b, c)
 	// acknowledged by a and b only: c misses an unlink, a purge and a truncation
-	must[Attr](t)(a.s.Unlink(d.Ino, "g", 3))
+	must[Attr](t)(unlinked(a.s.Unlink(d.Ino, "g", 3, nil)))
 	must[any](t)(nil, a.s.Purge(g.Ino))
 	must[Attr](t)(a.s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: 10}, 4))
 	ship(t, a.take(), b)
@@ -461,7 +461,7 @@ func TestReplAntiEntropy(t *testing.T) {
 	sameChecksums(t, a, b)
 	must[Attr](t)(a.s.Write(files[3].Ino, 0, []byte("three"), 2))
 	must[any](t)(nil, a.s.SetXattr(files[7].Ino, "user.x", nil, 0))
-	must[Attr](t)(a.s.Unlink(ids.RootIno, "f9", 3))
+	must[Attr](t)(unlinked(a.s.Unlink(ids.RootIno, "f9", 3, nil)))
 	must[any](t)(nil, a.s.Purge(files[9].Ino))
 	a.take() // b misses them all
 

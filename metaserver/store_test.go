@@ -178,7 +178,7 @@ func TestStoreNames(t *testing.T) {
 		_, ops["link"] = s.Link(f.Ino, ids.RootIno, c.name, 1)
 		_, ops["rename-new"] = s.Rename(ids.RootIno, "target", ids.RootIno, c.name, 0, 1)
 		_, ops["rename-old"] = s.Rename(ids.RootIno, c.name, ids.RootIno, "other", 0, 1)
-		_, ops["unlink"] = s.Unlink(ids.RootIno, c.name, 1)
+		_, _, ops["unlink"] = s.Unlink(ids.RootIno, c.name, 1, nil)
 		ops["rmdir"] = s.Rmdir(ids.RootIno, c.name, 1)
 		for op, err := range ops {
 			if !errors.Is(err, wire.Err(c.code)) {
@@ -195,7 +195,7 @@ func TestStoreNames(t *testing.T) {
 	_, ops["link"] = s.Link(f.Ino, f.Ino, "x", 1)
 	_, ops["rename-new"] = s.Rename(ids.RootIno, "target", f.Ino, "x", 0, 1)
 	_, ops["rename-old"] = s.Rename(f.Ino, "x", ids.RootIno, "y", 0, 1)
-	_, ops["unlink"] = s.Unlink(f.Ino, "x", 1)
+	_, _, ops["unlink"] = s.Unlink(f.Ino, "x", 1, nil)
 	ops["rmdir"] = s.Rmdir(f.Ino, "x", 1)
 	for op, err := range ops {
 		wantCode(t, err, wire.CodeNotDir)
@@ -232,9 +232,9 @@ func TestStoreMkdirRmdir(t *testing.T) {
 	wantCode(t, s.Rmdir(d.Ino, "sub", 13), wire.CodeNotEmpty)
 	wantCode(t, s.Rmdir(sub.Ino, "f", 13), wire.CodeNotDir)
 	wantCode(t, s.Rmdir(ids.RootIno, "nope", 13), wire.CodeNotFound)
-	_, err = s.Unlink(d.Ino, "sub", 13)
+	_, _, err = s.Unlink(d.Ino, "sub", 13, nil)
 	wantCode(t, err, wire.CodeIsDir)
-	must[Attr](t)(s.Unlink(sub.Ino, "f", 13))
+	must[Attr](t)(unlinked(s.Unlink(sub.Ino, "f", 13, nil)))
 	must[any](t)(nil, s.SetXattr(sub.Ino, "user.x", []byte("v"), 0))
 	wantCode(t, s.Rmdir(d.Ino, "sub", 14), wire.CodeOK)
 	if a := must[Attr](t)(s.GetAttr(d.Ino)); a.Nlink != 2 || a.Mtime != 14 {
@@ -289,7 +289,7 @@ func TestStoreSymlink(t *testing.T) {
 	wantCode(t, err, wire.CodeInvalid)
 	_, err = s.Read(a.Ino, 0, 10)
 	wantCode(t, err, wire.CodeInvalid)
-	removed := must[Attr](t)(s.Unlink(ids.RootIno, "l", 2))
+	removed := must[Attr](t)(unlinked(s.Unlink(ids.RootIno, "l", 2, nil)))
 	must[any](t)(nil, s.Purge(removed.Ino))
 	if n := countRecords(t, s, recSymlink, a.Ino); n != 0 {
 		t.Fatal("symlink target left after purge")
@@ -319,7 +319,7 @@ func TestStoreLinkUnlinkPurge(t *testing.T) {
 	_, err = s.Link(999, ids.RootIno, "x", 3)
 	wantCode(t, err, wire.CodeNotFound)
 
-	r := must[Attr](t)(s.Unlink(ids.RootIno, "f", 4))
+	r := must[Attr](t)(unlinked(s.Unlink(ids.RootIno, "f", 4, nil)))
 	if r.Nlink != 1 {
 		t.Fatalf("unlink one of two links: %+v", r)
 	}
@@ -327,10 +327,10 @@ func TestStoreLinkUnlinkPurge(t *testing.T) {
 	if got := must[[]byte](t)(s.Read(f.Ino, 0, 10)); string(got) != "zzzzzzzzzz" {
 		t.Fatal("purge of a linked inode removed data")
 	}
-	_, err = s.Unlink(ids.RootIno, "f", 4)
+	_, _, err = s.Unlink(ids.RootIno, "f", 4, nil)
 	wantCode(t, err, wire.CodeNotFound)
 
-	r = must[Attr](t)(s.Unlink(d.Ino, "g", 5))
+	r = must[Attr](t)(unlinked(s.Unlink(d.Ino, "g", 5, nil)))
 	if r.Nlink != 0 || r.Ctime != 5 {
 		t.Fatalf("last unlink %+v", r)
 	}
@@ -542,7 +542,7 @@ func TestStoreTruncateMany(t *testing.T) {
 	for i := range n {
 		must[Attr](t)(s.Write(f.Ino, uint64(i)*PageSize, []byte{1}, 2))
 	}
-	must[Attr](t)(s.Unlink(ids.RootIno, "f", 4))
+	must[Attr](t)(unlinked(s.Unlink(ids.RootIno, "f", 4, nil)))
 	must[any](t)(nil, s.Purge(f.Ino))
 	if got := countRecords(t, s, recPage, f.Ino); got != 0 {
 		t.Fatalf("%d pages left after purge", got)
@@ -837,7 +837,7 @@ func TestStoreReadDirStable(t *testing.T) {
 				case 1:
 					if len(names) > 0 {
 						n := names[rng.IntN(len(names))]
-						must[Attr](t)(s.Unlink(d.Ino, n, 1))
+						must[Attr](t)(unlinked(s.Unlink(d.Ino, n, 1, nil)))
 						delete(live, n)
 						delete(stable, n)
 					}
@@ -875,7 +875,7 @@ func TestStoreReadDirStable(t *testing.T) {
 			}
 		}
 		for n := range live {
-			must[Attr](t)(s.Unlink(d.Ino, n, 1))
+			must[Attr](t)(unlinked(s.Unlink(d.Ino, n, 1, nil)))
 		}
 	}
 }
@@ -892,7 +892,7 @@ func TestStoreRestart(t *testing.T) {
 	must[any](t)(nil, s.SetXattr(f.Ino, "user.k", []byte("v"), 0))
 	orphan := must[Attr](t)(s.Create(ids.RootIno, "orphan", reg|0o600, 0, 0, 0, 1))
 	must[Attr](t)(s.Write(orphan.Ino, 0, []byte("x"), 1))
-	must[Attr](t)(s.Unlink(ids.RootIno, "orphan", 1)) // open, say, when the server stopped
+	must[Attr](t)(unlinked(s.Unlink(ids.RootIno, "orphan", 1, nil))) // open, say, when the server stopped
 	before := dump(t, s)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -1044,7 +1044,7 @@ func runHistory(t *testing.T, s *Store) {
 	must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize | wire.SetMode, Size: 1000, Mode: 0o600}, 6))
 	must[Attr](t)(s.Symlink(e.Ino, "l", "h", 0, 0, 7))
 	must[Attr](t)(s.Symlink(e.Ino, "l2", "h", 0, 0, 7))
-	must[Attr](t)(s.Unlink(e.Ino, "l2", 7))
+	must[Attr](t)(unlinked(s.Unlink(e.Ino, "l2", 7, nil)))
 	must[Attr](t)(s.Mkdir(d.Ino, "sub", 0o755, 0, 0, 8))
 	must[*Attr](t)(s.Rename(d.Ino, "sub", e.Ino, "sub", 0, 8))
 	must[any](t)(nil, s.Rmdir(ids.RootIno, "d", 8))
@@ -1163,4 +1163,56 @@ func TestStoreKillHelper(t *testing.T) {
 	must[Attr](t)(s.Write(a.Ino, 100, data[100:], 2))
 	fmt.Println(uint64(a.Ino))
 	time.Sleep(time.Minute) // until SIGKILL; bounded in case the parent is gone
+}
+
+// unlinked drops Unlink's purged result, for must.
+func unlinked(a Attr, _ bool, err error) (Attr, error) { return a, err }
+
+// TestStoreUnlinkPurges: an unlink the caller lets purge takes the inode's
+// records with it in one transaction; a big file's rest is left to Purge,
+// and an open file stays an orphan.
+func TestStoreUnlinkPurges(t *testing.T) {
+	s := newStore(t)
+	all := func(ids.Ino) bool { return true }
+	count := func(ino ids.Ino) (n int) {
+		for _, p := range []byte{recAttr, recPage, recXattr, recDone} {
+			n += countRecords(t, s, p, ino)
+		}
+		return n
+	}
+
+	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
+	must[Attr](t)(s.Write(f.Ino, 0, bytes.Repeat([]byte("d"), 3*PageSize+1), 2))
+	must[any](t)(nil, s.SetXattr(f.Ino, "user.k", []byte("v"), 0))
+	a, purged, err := s.Unlink(ids.RootIno, "f", 3, all)
+	if err != nil || !purged || a.Nlink != 0 {
+		t.Fatalf("unlink: %+v purged %v err %v", a, purged, err)
+	}
+	if n := count(f.Ino); n != 0 {
+		t.Fatalf("%d records of a purged inode left", n)
+	}
+
+	big := must[Attr](t)(s.Create(ids.RootIno, "big", reg|0o644, 0, 0, 0, 1))
+	for i := range deleteBatch + 10 {
+		must[Attr](t)(s.Write(big.Ino, uint64(i)*PageSize, []byte{1}, 2))
+	}
+	if _, purged, err := s.Unlink(ids.RootIno, "big", 3, all); err != nil || purged {
+		t.Fatalf("unlink of %d pages: purged %v err %v", deleteBatch+10, purged, err)
+	}
+	if n := countRecords(t, s, recPage, big.Ino); n != 10 {
+		t.Fatalf("%d pages left after the unlink, want 10", n)
+	}
+	must[any](t)(nil, s.Purge(big.Ino))
+	if n := count(big.Ino); n != 0 {
+		t.Fatalf("%d records left after Purge", n)
+	}
+
+	open := must[Attr](t)(s.Create(ids.RootIno, "open", reg|0o644, 0, 0, 0, 1))
+	must[Attr](t)(s.Write(open.Ino, 0, []byte("still readable"), 2))
+	if _, purged, err := s.Unlink(ids.RootIno, "open", 3, func(ids.Ino) bool { return false }); err != nil || purged {
+		t.Fatalf("unlink of an open file: purged %v err %v", purged, err)
+	}
+	if got := must[[]byte](t)(s.Read(open.Ino, 0, 100)); string(got) != "still readable" {
+		t.Fatalf("open orphan reads %q", got)
+	}
 }

@@ -124,7 +124,7 @@ func TestTransferPaged(t *testing.T) {
 	must[any](t)(nil, a.SetXattr(f.Ino, "user.k", bytes.Repeat([]byte("v"), 60<<10), 0))
 	for i := range 3000 {
 		if i%3 == 0 {
-			must[Attr](t)(a.Unlink(d.Ino, fmt.Sprintf("entry-%05d", i), 2))
+			must[Attr](t)(unlinked(a.Unlink(d.Ino, fmt.Sprintf("entry-%05d", i), 2, nil)))
 		}
 	}
 
@@ -156,7 +156,7 @@ func TestTransferPaged(t *testing.T) {
 	// records than one transaction takes, so it is staged all the same
 	for i := range 3000 {
 		if i%3 != 0 {
-			must[Attr](t)(a.Unlink(d.Ino, fmt.Sprintf("entry-%05d", i), 3))
+			must[Attr](t)(unlinked(a.Unlink(d.Ino, fmt.Sprintf("entry-%05d", i), 3, nil)))
 		}
 	}
 	before := inodeDigest(t, b, d.Ino)
