@@ -326,7 +326,9 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		return s.underLocks(ctx, sess, want, func() *wire.Reply {
 			// Count the handle before reading the inode: once counted,
 			// an unlink elsewhere can no longer purge it.
-			s.openHandle(sess, r.Ino, 1)
+			if !s.openHandle(sess, r.Ino, 1) {
+				return wire.ErrorReply(errNotFound)
+			}
 			a, err := st.GetAttr(r.Ino)
 			if err != nil {
 				s.releaseHandle(sess, r.Ino)

@@ -130,6 +130,7 @@ type Server struct {
 	mu       sync.Mutex
 	sessions map[ids.ClientID]*session
 	opens    map[ids.Ino]int // open handles over all sessions, to keep unlinked files
+	purging  map[ids.Ino]struct{}
 	// writeMu serialises writes per inode (striped): each write updates the
 	// inode's attributes, so concurrent writes of one file would only make
 	// badger transactions conflict and retry; it also makes an O_APPEND
@@ -155,7 +156,7 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(),
-		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}}
+		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}, purging: map[ids.Ino]struct{}{}}
 	opts := StoreOptions{ServerID: cfg.ServerID, Logger: cfg.Logger}
 	if cfg.clustered() {
 		s.cl = newClusterState(s)
@@ -416,14 +417,19 @@ func (s *Server) forgetSession(sess *session) {
 	s.tr.ForgetSession(sess.client, sess.id)
 }
 
-// openHandle counts n open handles of the session on ino.
-func (s *Server) openHandle(sess *session, ino ids.Ino, n int) {
+// openHandle counts n open handles of the session on ino, unless ino is
+// being purged (false: it is gone).
+func (s *Server) openHandle(sess *session, ino ids.Ino, n int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.purging[ino]; ok {
+		return false
+	}
 	sess.mu.Lock()
 	sess.openHandle[ino] += n
 	sess.mu.Unlock()
-	s.mu.Lock()
 	s.opens[ino] += n
-	s.mu.Unlock()
+	return true
 }
 
 // openedLocally counts the handles a client opened on ino under its data
@@ -456,16 +462,33 @@ func (s *Server) releaseHandle(sess *session, ino ids.Ino) {
 }
 
 // closeHandle drops one open handle and purges the inode when it was the
-// last handle of an unlinked file. Purges happen under s.mu so that an
-// open counted there can never see its inode vanish.
+// last handle of an unlinked file.
 func (s *Server) closeHandle(ino ids.Ino) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.opens[ino]--; s.opens[ino] > 0 {
+		s.mu.Unlock()
 		return
 	}
 	delete(s.opens, ino)
-	if err := s.store.Purge(ino); err != nil && wire.CodeOf(err) != wire.CodeNotFound {
+	s.purgeUnlock(ino)
+}
+
+// purgeUnlock purges ino, an inode no handle has open if it is unlinked
+// (Purge leaves a linked one alone). Called with s.mu held, it releases it
+// for the purge, which takes a transaction per 4096 pages of a big file;
+// meanwhile an open of ino fails (openHandle), so no handle sees it vanish.
+func (s *Server) purgeUnlock(ino ids.Ino) {
+	if _, ok := s.purging[ino]; ok {
+		s.mu.Unlock()
+		return
+	}
+	s.purging[ino] = struct{}{}
+	s.mu.Unlock()
+	err := s.store.Purge(ino)
+	s.mu.Lock()
+	delete(s.purging, ino)
+	s.mu.Unlock()
+	if err != nil && wire.CodeOf(err) != wire.CodeNotFound {
 		s.log.Warn("purge unlinked inode", "ino", ino, "err", err)
 	}
 }
@@ -484,13 +507,11 @@ func (s *Server) removed(a *Attr) {
 		return
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.opens[a.Ino] > 0 {
+		s.mu.Unlock()
 		return
 	}
-	if err := s.store.Purge(a.Ino); err != nil {
-		s.log.Warn("purge unlinked inode", "ino", a.Ino, "err", err)
-	}
+	s.purgeUnlock(a.Ino)
 }
 
 func toWire(a Attr) *wire.Attr {

@@ -271,3 +271,32 @@ func TestRevocationWaitsForFlush(t *testing.T) {
 		t.Logf("the flush took less than the delivery timeout: this run did not test waiting for it")
 	}
 }
+
+// TestOpenWhilePurging: a purge runs without the server's mutex (a big
+// file takes many transactions); an open of the inode meanwhile fails and
+// counts no handle, so no handle sees the inode vanish.
+func TestOpenWhilePurging(t *testing.T) {
+	s := startTestServer(t)
+	c := connect(t, s)
+	ctx := context.Background()
+	f, err := c.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	s.purging[f.Ino] = struct{}{}
+	s.mu.Unlock()
+	if _, err := c.Call(ctx, &wire.Request{Op: wire.OpOpen, Ino: f.Ino}); wire.CodeOf(err) != wire.CodeNotFound {
+		t.Fatalf("open while purging: %v, want not found", err)
+	}
+	s.mu.Lock()
+	opens := s.opens[f.Ino]
+	delete(s.purging, f.Ino)
+	s.mu.Unlock()
+	if opens != 0 {
+		t.Fatalf("%d handles counted on an inode being purged", opens)
+	}
+	if _, err := c.Call(ctx, &wire.Request{Op: wire.OpOpen, Ino: f.Ino}); err != nil {
+		t.Fatalf("open once the purge is over (the file is linked): %v", err)
+	}
+}
