@@ -184,7 +184,8 @@ func Start(cfg Config) (*Server, error) {
 		cfg.Logger.Info("created cluster identity and token", "token_file", cfg.Dir+"/token")
 	}
 	s.lm = newLockMgr(s, !created) // a fresh data directory had no clients to wait for
-	s.tr, err = transport.Listen(cfg.Listen, transport.ServerConfig{Identity: id, Logger: cfg.Logger, Faults: cfg.Faults}, s.handle)
+	s.tr, err = transport.Listen(cfg.Listen, transport.ServerConfig{Identity: id, Logger: cfg.Logger, Faults: cfg.Faults,
+		Receiving: s.receiving}, s.handle)
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("metaserver: listen on %s: %w", cfg.Listen, err)
@@ -494,6 +495,14 @@ func (s *Server) purgeUnlock(ino ids.Ino) {
 }
 
 // removed purges an inode that lost its last link, unless it is open.
+// receiving notes a client's progress on a big request still arriving
+// (a flush a revocation waits for: see lockMgr.deliveryContext).
+func (s *Server) receiving(client ids.ClientID, partial []byte) {
+	if ino, ok := wire.PeekIno(partial); ok {
+		s.lm.noteProgress(client, ino)
+	}
+}
+
 // unopened reports whether no handle of ino is open: an unlink under an X
 // lock on ino (no open can start) may then purge it at once.
 func (s *Server) unopened(ino ids.Ino) bool {

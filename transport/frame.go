@@ -148,6 +148,19 @@ func parseFrame(b []byte) (frame, error) {
 // stream so the fixed part costs no allocation; the body is freshly allocated
 // and owned by the caller.
 func readFrame(r io.Reader, head *[frameHead]byte) (frame, error) {
+	return readFrameReporting(r, head, nil)
+}
+
+// progressChunk is how much of a big body arrives between two calls of
+// readFrameReporting's progress.
+const progressChunk = 64 << 10
+
+// readFrameReporting is readFrame that calls progress (unless nil) with
+// the body read so far, each time another progressChunk bytes of a big
+// body arrived: a megabyte request can take longer than a revocation's
+// delivery timeout on a slow link, and the server counts its arrival as
+// the client's progress.
+func readFrameReporting(r io.Reader, head *[frameHead]byte, progress func(body []byte)) (frame, error) {
 	if _, err := io.ReadFull(r, head[:]); err != nil {
 		return frame{}, err
 	}
@@ -158,11 +171,20 @@ func readFrame(r io.Reader, head *[frameHead]byte) (frame, error) {
 	var body []byte
 	if n > 0 {
 		body = make([]byte, n)
-		if _, err := io.ReadFull(r, body); err != nil {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
+		for got := 0; got < n; {
+			end := n
+			if progress != nil {
+				end = min(n, got+progressChunk)
 			}
-			return frame{}, err
+			if _, err := io.ReadFull(r, body[got:end]); err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return frame{}, err
+			}
+			if got = end; got < n && progress != nil {
+				progress(body[:got])
+			}
 		}
 	}
 	return frame{kind: k, Header: h, body: body}, nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -115,4 +116,27 @@ func FuzzParseFrame(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestReadFrameReporting: a big body is reported as it arrives, a chunk at
+// a time, and arrives whole.
+func TestReadFrameReporting(t *testing.T) {
+	body := make([]byte, 3*progressChunk+5)
+	for i := range body {
+		body[i] = byte(i)
+	}
+	var buf bytes.Buffer
+	var scratch []byte
+	if err := writeFrame(&buf, &scratch, kindRequest, Header{Seq: 1}, body, nil); err != nil {
+		t.Fatal(err)
+	}
+	var seen []int
+	var head [frameHead]byte
+	f, err := readFrameReporting(&buf, &head, func(partial []byte) { seen = append(seen, len(partial)) })
+	if err != nil || !bytes.Equal(f.body, body) {
+		t.Fatalf("frame: %v", err)
+	}
+	if want := []int{progressChunk, 2 * progressChunk, 3 * progressChunk}; !slices.Equal(seen, want) {
+		t.Fatalf("reported %v, want %v", seen, want)
+	}
 }

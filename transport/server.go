@@ -45,6 +45,10 @@ type ServerConfig struct {
 	// still remembered and a retry gets ErrReplyEvicted, never a second
 	// execution).
 	ReplyCacheBytes int
+	// Receiving, if set, is called with the part of a big request body
+	// read so far, every 64 KiB of it: how the server sees a client
+	// making progress on a request that takes a while to arrive.
+	Receiving func(client ids.ClientID, partial []byte)
 }
 
 const (
@@ -346,8 +350,12 @@ func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
 		st.Close()
 		st.CancelRead(streamCancel)
 	}
+	var progress func([]byte)
+	if s.cfg.Receiving != nil {
+		progress = func(partial []byte) { s.cfg.Receiving(sc.client, partial) }
+	}
 	for {
-		f, err := readFrame(st, &head)
+		f, err := readFrameReporting(st, &head, progress)
 		if err != nil {
 			switch {
 			case errors.Is(err, io.EOF):

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -736,4 +737,14 @@ func ParseCallback(b []byte) (*Callback, error) {
 		return nil, fmt.Errorf("wire: bad callback kind %d mode %d", c.Kind, c.Mode)
 	}
 	return c, nil
+}
+
+// PeekIno returns the inode a request is about from the first bytes of its
+// body, before the rest has arrived (false if too few bytes or another
+// version).
+func PeekIno(partial []byte) (ids.Ino, bool) {
+	if len(partial) < 10 || partial[0] != Version {
+		return 0, false
+	}
+	return ids.Ino(binary.LittleEndian.Uint64(partial[2:10])), true
 }

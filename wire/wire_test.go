@@ -126,3 +126,14 @@ func FuzzParse(f *testing.F) {
 		_, _ = ParseCallback(b)
 	})
 }
+
+// TestPeekIno: the inode of a request from its first bytes only.
+func TestPeekIno(t *testing.T) {
+	b := (&Request{Op: OpWrite, Ino: 77, Data: make([]byte, 1000)}).Append(nil)
+	if ino, ok := PeekIno(b[:10]); !ok || ino != 77 {
+		t.Fatalf("PeekIno: %v %v", ino, ok)
+	}
+	if _, ok := PeekIno(b[:9]); ok {
+		t.Fatal("PeekIno of 9 bytes")
+	}
+}
