@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -149,8 +150,11 @@ func (s *server) start(t testing.TB) {
 	t.Helper()
 	args := append([]string{"serve", "--data", s.dir, "--listen", s.addr, "--log-level", "debug"}, s.extra...)
 	s.proc = startProc(t, "server", args...)
+	// the admin endpoint listens just after the server logs "serving"
+	admin := slices.Contains(args, "--admin")
 	waitFor(t, 10*time.Second, "server to listen", func() bool {
-		return strings.Contains(s.output(), "serving")
+		out := s.output()
+		return strings.Contains(out, "serving") && (!admin || strings.Contains(out, "admin endpoint"))
 	})
 }
 
