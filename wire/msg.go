@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -743,8 +742,9 @@ func ParseCallback(b []byte) (*Callback, error) {
 // body, before the rest has arrived (false if too few bytes or another
 // version).
 func PeekIno(partial []byte) (ids.Ino, bool) {
-	if len(partial) < 10 || partial[0] != Version {
-		return 0, false
-	}
-	return ids.Ino(binary.LittleEndian.Uint64(partial[2:10])), true
+	d := dec{b: partial} // the head of ParseRequest
+	d.version()
+	d.u8()
+	ino := ids.Ino(d.u64())
+	return ino, d.err == nil
 }
