@@ -1357,6 +1357,9 @@ func (c *clusterState) catchUp(p ids.ServerID) error {
 
 // fetchInode copies ino's state from p, a page per call, keeping p's epoch.
 func (c *clusterState) fetchInode(n *cluster.Node, p ids.ServerID, ino ids.Ino) error {
+	if f := c.s.cfg.beforeFetch; f != nil {
+		f(p, ino)
+	}
 	start := time.Now()
 	got, err := CopyInode(context.Background(), peerState{c, n, p}, c.s.store, ino, CopyOptions{PageBytes: transferPage})
 	if errors.Is(err, ErrStaleEpoch) {

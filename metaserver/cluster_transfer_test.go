@@ -273,10 +273,24 @@ func TestClusterTransferLaggingOwner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tc.startLogged(3, logs, func(c *Config) { c.PeerFaults = slow })
+	// 3's anti-entropy copy of the file from 2 is held back until the
+	// read below is done: otherwise that copy (2.4 s here under CI's load)
+	// may finish before 3 has waited out 1's ownership lease, and 3 would
+	// not lag when it becomes the owner
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	releaseCopies := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseCopies) // before quiesceAtCleanup's: a held copy blocks the node's close
+	tc.startLogged(3, logs, func(c *Config) {
+		c.PeerFaults = slow
+		c.beforeFetch = func(p ids.ServerID, ino ids.Ino) {
+			if p == 2 && ino == a.Ino {
+				<-release
+			}
+		}
+	})
 	// 1 dies while 3's anti-entropy copies from it (3 has staged a page):
-	// that copy fails, anti-entropy starts over from 2 with the decoy, and
-	// 3 becomes the file's owner while it lags
+	// that copy fails, and 3 becomes the file's owner while it lags
 	for deadline := time.Now().Add(10 * time.Second); staged(t, tc.srv[3].store) == 0 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
@@ -290,6 +304,7 @@ func TestClusterTransferLaggingOwner(t *testing.T) {
 	start := time.Now()
 	got := readBig(ctx, t, c3, a.Ino)
 	took := time.Since(start)
+	releaseCopies()
 	if !bytes.Equal(got, data) {
 		i := 0
 		for i < len(got) && i < len(data) && got[i] == data[i] {

@@ -54,6 +54,10 @@ type Config struct {
 	// server joining a cluster): a fresh data directory takes it, one that
 	// holds another cluster's identity refuses to start (ErrOtherCluster).
 	Identity *transport.Identity
+
+	// beforeFetch, if set, is called before anti-entropy copies ino from
+	// peer p (tests: hold a copy back to force an interleaving).
+	beforeFetch func(p ids.ServerID, ino ids.Ino)
 }
 
 // ErrOtherCluster: the data directory holds another cluster's identity.
