@@ -14,7 +14,8 @@ import (
 // knows its entries, and nobody else can see or change them: it removes a
 // name from its cache at once, returns, and sends the removal to the server
 // behind the caller (rm -rf then costs a FUSE round trip per file, not a
-// server round trip). Everything that could observe the removal waits for
+// server round trip). An empty directory's removal does not wait for the
+// removals in it either: its sender sends it once they reached the server. Everything that could observe the removal waits for
 // it to reach the server first: any request naming the directory or the
 // removed inode (a listing, a create or rename there, a stat of the removed
 // file), a lookup of the removed name, a revocation of either lock, fsync,
@@ -33,6 +34,7 @@ type behind struct {
 	total int
 	inos  map[ids.Ino]int // removals in flight per directory and per removed inode
 	names map[dirName]int // and per removed name
+	in    map[ids.Ino]int // and per directory they remove from
 	// queued holds removals not yet sent, per directory; a directory with
 	// an entry has a sender (sendBehind) running, which sends what queued
 	// up while its last batch was at the server as the next batch.
@@ -48,6 +50,7 @@ func (b *behind) init() {
 	b.cond.L = &b.mu
 	b.inos = map[ids.Ino]int{}
 	b.names = map[dirName]int{}
+	b.in = map[ids.Ino]int{}
 	b.queued = map[ids.Ino][]*wire.Request{}
 }
 
@@ -75,6 +78,7 @@ func (b *behind) start(dir, child ids.Ino, name string) {
 	b.inos[dir]++
 	b.inos[child]++
 	b.names[dirName{dir, name}]++
+	b.in[dir]++
 	b.mu.Unlock()
 }
 
@@ -89,6 +93,9 @@ func (b *behind) done(dir, child ids.Ino, name string) {
 	k := dirName{dir, name}
 	if b.names[k]--; b.names[k] == 0 {
 		delete(b.names, k)
+	}
+	if b.in[dir]--; b.in[dir] == 0 {
+		delete(b.in, dir)
 	}
 	b.total--
 	b.mu.Unlock()
@@ -111,6 +118,15 @@ func (b *behind) pending(inos []ids.Ino) bool {
 		}
 	}
 	return false
+}
+
+// waitEmptied returns once no removal from dir is in flight.
+func (b *behind) waitEmptied(dir ids.Ino) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.in[dir] > 0 {
+		b.cond.Wait()
+	}
 }
 
 // waitName returns once no removal of dir/name is in flight.
@@ -153,9 +169,6 @@ func (c *Client) removeBehind(parent ids.Ino, name string, child *wire.Attr, op 
 	isDir := child.Mode&syscall.S_IFMT == syscall.S_IFDIR
 	if isDir != (op == wire.OpRmdir) {
 		return false
-	}
-	if isDir {
-		c.behind.wait(child.Ino) // the server must find it empty
 	}
 	c.behind.reserve()
 	c.mu.Lock()
@@ -214,6 +227,13 @@ func (c *Client) sendBehind(dir ids.Ino) {
 		reqs := q[:n:n]
 		c.behind.queued[dir] = q[n:]
 		c.behind.mu.Unlock()
+		for _, req := range reqs {
+			if req.Op == wire.OpRmdir {
+				// the server must find it empty: its own removals
+				// go first (by its sender; the caller did not wait)
+				c.behind.waitEmptied(req.Ino)
+			}
+		}
 		errs := c.sendBatch(context.Background(), dir, reqs)
 		for i, req := range reqs {
 			switch err := errs[i]; {
