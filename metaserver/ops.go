@@ -156,6 +156,19 @@ func (s *Server) withChild(ctx context.Context, sess *session, parent ids.Ino, n
 	}
 }
 
+// removal runs fn, the removal of r.Parent/r.Name, under X locks on the
+// directory and the child. A removal that names the inode it removes
+// (wire.RemoveIfIno: every removal sent behind the caller) locks that
+// inode without looking the name up first; fn checks under the locks that
+// the name still names it (namesOther). That spares rm -rf two of the
+// store reads per file.
+func (s *Server) removal(ctx context.Context, sess *session, r *wire.Request, fn func() *wire.Reply) *wire.Reply {
+	if r.Flags&wire.RemoveIfIno != 0 && r.Ino != 0 {
+		return s.underLocks(ctx, sess, exclusive(r.Ino, r.Parent), fn)
+	}
+	return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, fn)
+}
+
 // dispatch executes one request against the store under the data locks it
 // needs.
 func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *wire.Reply {
@@ -263,7 +276,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			return s.withDirAttr(attrReply(st.Link(r.Ino, r.NewPar, r.Name, now)), r.NewPar)
 		}))
 	case wire.OpUnlink:
-		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, s.once(sess, r, func() *wire.Reply {
+		return s.removal(ctx, sess, r, s.once(sess, r, func() *wire.Reply {
 			if rep := s.namesOther(r); rep != nil {
 				return rep
 			}
@@ -274,7 +287,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			return s.withDirAttr(errReply(err), r.Parent)
 		}))
 	case wire.OpRmdir:
-		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, s.once(sess, r, func() *wire.Reply {
+		return s.removal(ctx, sess, r, s.once(sess, r, func() *wire.Reply {
 			if rep := s.namesOther(r); rep != nil {
 				return rep
 			}
