@@ -111,6 +111,13 @@ func (b *behind) wait(inos ...ids.Ino) {
 	}
 }
 
+// busy reports whether a change of or in ino is in flight.
+func (b *behind) busy(ino ids.Ino) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.inos[ino] > 0
+}
+
 func (b *behind) pending(inos []ids.Ino) bool {
 	for _, ino := range inos {
 		if ino != 0 && b.inos[ino] > 0 {
@@ -201,15 +208,20 @@ func (c *Client) removeBehind(parent ids.Ino, name string, child *wire.Attr, op 
 	c.cache.SetEntry(parent, name, 0)
 	c.cache.InvalidateDir(child.Ino) // its link count changed; a directory is gone
 	c.mu.Unlock()
-	req := &wire.Request{Op: op, Parent: parent, Name: name, Ino: child.Ino, Flags: wire.RemoveIfIno}
+	c.queueBehind(parent, &wire.Request{Op: op, Parent: parent, Name: name, Ino: child.Ino, Flags: wire.RemoveIfIno})
+	return true
+}
+
+// queueBehind queues a change of dir that was started (behind.start) to be
+// sent behind the caller.
+func (c *Client) queueBehind(dir ids.Ino, req *wire.Request) {
 	c.behind.mu.Lock()
-	q, running := c.behind.queued[parent]
-	c.behind.queued[parent] = append(q, req)
+	q, running := c.behind.queued[dir]
+	c.behind.queued[dir] = append(q, req)
 	c.behind.mu.Unlock()
 	if !running {
-		go c.sendBehind(parent)
+		go c.sendBehind(dir)
 	}
-	return true
 }
 
 // sendBehind sends the removals queued for dir, in batches of what queued
@@ -238,6 +250,13 @@ func (c *Client) sendBehind(dir ids.Ino) {
 		for i, req := range reqs {
 			switch err := errs[i]; {
 			case err == nil:
+			case req.Op == wire.OpCreate:
+				// (it should not, under the lock): what the caller
+				// writes to it fails to reach the server and is
+				// reported at close or fsync
+				c.log.Warn("a create sent behind failed at the server; the file is lost",
+					"path", c.PathOf(dir), "name", req.Name, "ino", req.Ino, "err", err)
+				c.forget(dir, req.Ino)
 			case gone(err):
 				c.log.Debug("a removal sent behind found the name gone", "dir", dir, "name", req.Name, "err", err)
 			default:

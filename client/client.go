@@ -84,6 +84,7 @@ type Counters struct {
 	Prefetches                                       atomic.Int64 // readahead requests sent
 	Redirects                                        atomic.Int64 // redirects to an inode's owner followed
 	RemovedBehind                                    atomic.Int64 // removals sent behind the caller
+	CreatedBehind                                    atomic.Int64 // creates sent behind the caller
 	BehindBatches                                    atomic.Int64 // requests that carried several of them (wire.OpBatch)
 }
 
@@ -118,7 +119,8 @@ type Client struct {
 
 	wb        writeback
 	ra        readAhead
-	behind    behind     // removals sent behind the caller
+	behind    behind     // removals and creates sent behind the caller
+	inos      inoPool    // inode numbers for creates behind the caller
 	recoverMu sync.Mutex // one recovery at a time
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -154,6 +156,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c.wg.Add(2)
 	go c.renewLoop()
 	go c.kernelLoop()
+	// inode numbers for the first creates behind the caller
+	c.inos.refilling = true
+	go c.refillInos()
 	return c, nil
 }
 
@@ -721,6 +726,7 @@ type Stats struct {
 	Revocations     int64
 	Redirects       int64
 	RemovedBehind   int64
+	CreatedBehind   int64
 	BehindBatches   int64
 	ReclaimsOK      int64
 	ReclaimsRefused int64
@@ -738,7 +744,7 @@ func (c *Client) Stats() Stats {
 		CachedInodes: n, CachedDataBytes: c.cache.DataBytes(), DirtyBytes: c.wb.total.Load(), Hits: hits, Misses: misses, Locks: c.cache.Locks(),
 		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
 		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load(),
-		Redirects: c.Counters.Redirects.Load(), RemovedBehind: c.Counters.RemovedBehind.Load(), BehindBatches: c.Counters.BehindBatches.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
+		Redirects: c.Counters.Redirects.Load(), RemovedBehind: c.Counters.RemovedBehind.Load(), CreatedBehind: c.Counters.CreatedBehind.Load(), BehindBatches: c.Counters.BehindBatches.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
 		DataLost: c.Counters.DataLost.Load(), Prefetches: c.Counters.Prefetches.Load()}
 	if home.lease != nil {
 		st.LeaseStats = home.lease.Stats()

@@ -185,6 +185,9 @@ func (c *Client) Create(ctx context.Context, parent ids.Ino, name string, mode, 
 // CreateOpen makes a regular file and opens it in one round trip; the
 // caller releases it like any opened file.
 func (c *Client) CreateOpen(ctx context.Context, parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, error) {
+	if a, ok := c.createBehind(parent, name, mode, uid, gid); ok {
+		return a, nil
+	}
 	return c.createCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid,
 		Flags: wire.CreateOpen})
 }

@@ -271,6 +271,9 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	if f == nil {
 		return nil
 	}
+	// a file created behind the caller: its writes go after its create
+	// (they are sent without waitFor, several at once)
+	c.behind.wait(ino)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	reqs := packWrites(ino, f.extents)
@@ -573,6 +576,19 @@ func (c *Client) reclaim(ctx context.Context) {
 	}
 	c.wb.mu.Unlock()
 	for ino, f := range files {
+		if c.behind.busy(ino) {
+			// a file created behind the caller, its create perhaps in
+			// the very batch whose NACK this recovery answers: reclaim
+			// once it reached the server, not waiting for it here
+			go func() {
+				c.behind.wait(ino)
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				c.reclaimFile(context.Background(), ino, f, nil)
+				c.wb.retire(ino, f)
+			}()
+			continue
+		}
 		if !f.mu.TryLock() {
 			continue
 		}

@@ -38,8 +38,8 @@ func mountClient(t *testing.T, m *mount) (id string, recoveries int64) {
 
 // mountCounters are counters of a mount's client (client.Stats).
 type mountCounters struct {
-	Recoveries, NacksReceived, Redirects, DataLost, RemovedBehind, BehindBatches int64
-	Servers                                                                      int
+	Recoveries, NacksReceived, Redirects, DataLost, RemovedBehind, CreatedBehind, BehindBatches int64
+	Servers                                                                                     int
 }
 
 // mountStats returns a mount's client id and counters.

@@ -643,3 +643,27 @@ func TestClusterBatchNoRedirect(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterNoInoRanges: a cluster server hands out no inode numbers (a
+// new inode's owner acquires it as it makes it), so its clients' creates
+// wait for it; one with a number of the client's choosing is refused.
+func TestClusterNoInoRanges(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := tc.connect(1)
+	if _, err := c.Call(ctx, &wire.Request{Op: wire.OpAllocInos, Size: 8}); wire.CodeOf(err) != wire.CodeInvalid {
+		t.Fatalf("alloc-inos in a cluster: %v, want invalid", err)
+	}
+	untilAvailable(t, "create", func() error {
+		_, err := c.Call(ctx, &wire.Request{Op: wire.OpCreate, Parent: ids.RootIno, Name: "f", Mode: 0o100644,
+			Ino: ids.MakeIno(1, 1<<40), Flags: wire.CreateOpen | wire.CreateIno})
+		if wire.CodeOf(err) == wire.CodeInvalid {
+			return nil
+		}
+		if err == nil {
+			t.Fatal("a create with the client's number was made in a cluster")
+		}
+		return err
+	})
+}

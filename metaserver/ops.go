@@ -1,6 +1,7 @@
 package metaserver
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"syscall"
@@ -215,14 +216,21 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		// recovered here before it is read.
 		replayed := false
 		var newLock *wire.Grant
-		rep := s.withChild(ctx, sess, r.Parent, r.Name, locks.Shared, locks.Exclusive, func() *wire.Reply {
+		made := func() *wire.Reply {
 			if rep, ok := s.replayed(sess, r); ok {
 				replayed = true
 				return rep
 			}
 			switch r.Op {
 			case wire.OpCreate:
-				a, err := st.Create(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, r.Rdev, now)
+				var a Attr
+				var err error
+				if r.Flags&wire.CreateIno != 0 {
+					// the times the client answered its caller with
+					a, err = st.CreateAs(r.Ino, r.Parent, r.Name, r.Mode, r.Uid, r.Gid, cmp.Or(max(r.Mtime, 0), now))
+				} else {
+					a, err = st.Create(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, r.Rdev, now)
+				}
 				if err == nil && r.Flags&wire.CreateOpen != 0 {
 					// The creator counts the open itself if it gets the
 					// new file's lock with the reply (cache.OpenLocally);
@@ -234,12 +242,24 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 						s.openHandle(sess, a.Ino, 1)
 					}
 				}
+				if r.Flags&wire.CreateIno != 0 {
+					return attrReply(a, err)
+				}
 				return s.withDirAttr(attrReply(a, err), r.Parent)
 			case wire.OpMkdir:
 				return s.withDirAttr(attrReply(st.Mkdir(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, now)), r.Parent)
 			}
 			return s.withDirAttr(attrReply(st.Symlink(r.Parent, r.Name, r.Target, r.Uid, r.Gid, now)), r.Parent)
-		})
+		}
+		var rep *wire.Reply
+		if behind := r.Op == wire.OpCreate && r.Flags&wire.CreateIno != 0; behind {
+			// made behind the client's caller under its X lock on the
+			// directory: the name was free, and the client has its
+			// attributes and the directory's (no store reads for them)
+			rep = s.underLocks(ctx, sess, exclusive(r.Parent), made)
+		} else {
+			rep = s.withChild(ctx, sess, r.Parent, r.Name, locks.Shared, locks.Exclusive, made)
+		}
 		createOpen := r.Op == wire.OpCreate && r.Flags&wire.CreateOpen != 0
 		switch {
 		case newLock != nil:
@@ -259,7 +279,23 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			// it too, the file outlives an unlink until the session ends)
 			s.openHandle(sess, rep.Attr.Ino, 1)
 		}
+		if r.Flags&wire.CreateIno != 0 {
+			// made behind the client's caller: it has the attributes,
+			// and may have changed them since (buffered writes)
+			rep.Attr = nil
+		}
 		return rep
+	case wire.OpAllocInos:
+		if s.cl != nil {
+			// a new inode's owner acquires it as it makes it (onAlloc)
+			return wire.ErrorReply(wire.Errf(wire.CodeInvalid, "a cluster server hands out no inode numbers"))
+		}
+		n := min(max(r.Size, 1), wire.MaxInoRange)
+		first, err := s.store.AllocInos(n)
+		if err != nil {
+			return wire.ErrorReply(err)
+		}
+		return &wire.Reply{Data: wire.AppendInoRange(nil, first, uint32(n))}
 	case wire.OpReadlink:
 		if s.cl != nil {
 			if err := s.cl.ownAll(ctx, []ids.Ino{r.Ino}); err != nil {

@@ -300,3 +300,52 @@ func TestOpenWhilePurging(t *testing.T) {
 		t.Fatalf("open once the purge is over (the file is linked): %v", err)
 	}
 }
+
+// TestCreateIno: a server hands a client inode numbers, and makes a file
+// with one of them, granting the creator its X lock and answering without
+// attributes (the client made its own); a number it did not hand out, or
+// one in use, is refused and nothing is made.
+func TestCreateIno(t *testing.T) {
+	s := startTestServer(t)
+	c, other := connect(t, s), connect(t, s)
+	ctx := context.Background()
+	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpAllocInos, Size: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, n, err := wire.ParseInoRange(rep.Data)
+	if err != nil || n != 3 {
+		t.Fatalf("range %v+%d: %v", first, n, err)
+	}
+	create := func(name string, ino ids.Ino) (*wire.Reply, error) {
+		return c.Call(ctx, &wire.Request{Op: wire.OpCreate, Parent: ids.RootIno, Name: name, Ino: ino, Mode: 0o100644,
+			Mtime: 42e9, Flags: wire.CreateOpen | wire.CreateIno})
+	}
+	rep, err = create("f", first+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Attr != nil || !grants(rep, first+1) {
+		t.Fatalf("reply: attr %v, grants %v", rep.Attr, rep.Grants)
+	}
+	if a, err := other.Lookup(ctx, ids.RootIno, "f"); err != nil || a.Ino != first+1 || a.Mtime != 42e9 {
+		t.Fatalf("f: %+v, %v", a, err)
+	}
+	for name, ino := range map[string]ids.Ino{"in-use": first + 1, "not-handed-out": first + 1<<30, "zero": 0} {
+		if _, err := create(name, ino); wire.CodeOf(err) != wire.CodeInvalid {
+			t.Fatalf("create with %s number %v: %v, want invalid", name, ino, err)
+		}
+		if _, err := other.Lookup(ctx, ids.RootIno, name); wire.CodeOf(err) != wire.CodeNotFound {
+			t.Fatalf("%s after the refused create: %v", name, err)
+		}
+	}
+}
+
+func grants(rep *wire.Reply, ino ids.Ino) bool {
+	for _, g := range rep.Grants {
+		if g.Ino == ino && g.Mode == wire.LockExclusive {
+			return true
+		}
+	}
+	return false
+}

@@ -434,14 +434,17 @@ func (s *Store) counterKey() []byte {
 	return binary.BigEndian.AppendUint64([]byte{recServer}, uint64(ids.MakeIno(s.server, 0)))
 }
 
-// allocIno hands out a new inode number, reserving a batch on disk when the
-// reserved ones are used up. Numbers reserved but unused before a restart are
-// skipped, never reused.
-func (s *Store) allocIno() (ids.Ino, error) {
+// allocIno hands out a new inode number.
+func (s *Store) allocIno() (ids.Ino, error) { return s.AllocInos(1) }
+
+// AllocInos hands out n consecutive new inode numbers and returns the
+// first, reserving a batch on disk when the reserved ones do not suffice.
+// Numbers reserved but unused before a restart are skipped, never reused.
+func (s *Store) AllocInos(n uint64) (ids.Ino, error) {
 	s.inoMu.Lock()
 	defer s.inoMu.Unlock()
-	if s.nextIno >= s.inoLimit {
-		limit := s.nextIno + inoBatch
+	if s.nextIno+n > s.inoLimit {
+		limit := s.nextIno + max(n, inoBatch)
 		if limit >= 1<<56 {
 			return 0, wire.Errf(wire.CodeNoSpace, "inode numbers of %v exhausted", s.server)
 		}
@@ -452,9 +455,17 @@ func (s *Store) allocIno() (ids.Ino, error) {
 		}
 		s.inoLimit = limit
 	}
-	n := s.nextIno
-	s.nextIno++
-	return ids.MakeIno(s.server, n), nil
+	first := s.nextIno
+	s.nextIno += n
+	return ids.MakeIno(s.server, first), nil
+}
+
+// handedOut reports whether this store's allocator handed ino out.
+func (s *Store) handedOut(ino ids.Ino) bool {
+	s.inoMu.Lock()
+	defer s.inoMu.Unlock()
+	counter := uint64(ino) & (1<<56 - 1)
+	return ino == ids.MakeIno(s.server, counter) && counter >= 1 && counter < s.nextIno
 }
 
 // Close closes the store, syncing it, and releases the data directory.

@@ -1,6 +1,7 @@
 package metaserver
 
 import (
+	"cmp"
 	"encoding/binary"
 	"syscall"
 
@@ -223,17 +224,25 @@ func checkRegular(n *inode) error {
 }
 
 // mknod is Create, Mkdir and Symlink.
-func (s *Store) mknod(parent ids.Ino, name string, mode, uid, gid, rdev uint32, target string, now int64) (Attr, error) {
+func (s *Store) mknod(parent ids.Ino, name string, mode, uid, gid, rdev uint32, target string, now int64, ino ids.Ino) (Attr, error) {
 	if err := checkName(name); err != nil {
 		return Attr{}, err
 	}
-	ino, err := s.allocIno() // outside the transaction: a retry must not allocate again
-	if err != nil {
-		return Attr{}, err
-	}
-	if s.onAlloc != nil {
-		if err := s.onAlloc(ino); err != nil {
+	var err error
+	switch {
+	case ino != 0 && s.onAlloc != nil:
+		return Attr{}, wire.Errf(wire.CodeInvalid, "a cluster server makes its new inodes' numbers itself")
+	case ino != 0 && !s.handedOut(ino):
+		return Attr{}, wire.Errf(wire.CodeInvalid, "%v was not handed out by this server", ino)
+	case ino == 0:
+		ino, err = s.allocIno() // outside the transaction: a retry must not allocate again
+		if err != nil {
 			return Attr{}, err
+		}
+		if s.onAlloc != nil {
+			if err := s.onAlloc(ino); err != nil {
+				return Attr{}, err
+			}
 		}
 	}
 	var a Attr
@@ -251,6 +260,10 @@ func (s *Store) mknod(parent ids.Ino, name string, mode, uid, gid, rdev uint32, 
 		}
 		if exists {
 			return errExists
+		}
+		if used, err := tx.get(tx.key(recAttr, ino, nil), nil); err != nil || used {
+			// a number handed out once (CreateAs): never made twice
+			return cmp.Or(err, wire.Errf(wire.CodeInvalid, "%v exists already", ino))
 		}
 		typ := modeType(mode)
 		if dir.Mode&syscall.S_ISGID != 0 { // BSD group semantics of setgid directories
@@ -294,12 +307,24 @@ func (s *Store) Create(parent ids.Ino, name string, mode, uid, gid, rdev uint32,
 	default:
 		return Attr{}, wire.Errf(wire.CodeInvalid, "create with mode %o", mode)
 	}
-	return s.mknod(parent, name, mode, uid, gid, rdev, "", now)
+	return s.mknod(parent, name, mode, uid, gid, rdev, "", now, 0)
+}
+
+// CreateAs makes a regular file with inode number ino, which AllocInos
+// handed out, and times now: a client made it behind its caller.
+func (s *Store) CreateAs(ino, parent ids.Ino, name string, mode, uid, gid uint32, now int64) (Attr, error) {
+	if t := modeType(mode); t != 0 && t != syscall.S_IFREG {
+		return Attr{}, wire.Errf(wire.CodeInvalid, "create behind with mode %o", mode)
+	}
+	if ino == 0 {
+		return Attr{}, wire.Errf(wire.CodeInvalid, "create behind without an inode number")
+	}
+	return s.mknod(parent, name, syscall.S_IFREG|mode&^syscall.S_IFMT, uid, gid, 0, "", now, ino)
 }
 
 // Mkdir makes a directory.
 func (s *Store) Mkdir(parent ids.Ino, name string, mode, uid, gid uint32, now int64) (Attr, error) {
-	return s.mknod(parent, name, syscall.S_IFDIR|mode&^syscall.S_IFMT, uid, gid, 0, "", now)
+	return s.mknod(parent, name, syscall.S_IFDIR|mode&^syscall.S_IFMT, uid, gid, 0, "", now, 0)
 }
 
 // Symlink makes a symbolic link to target.
@@ -310,7 +335,7 @@ func (s *Store) Symlink(parent ids.Ino, name, target string, uid, gid uint32, no
 	if len(target) > SymlinkMax {
 		return Attr{}, wire.Errf(wire.CodeNameTooLong, "symlink target of %d bytes", len(target))
 	}
-	return s.mknod(parent, name, syscall.S_IFLNK|0o777, uid, gid, 0, target, now)
+	return s.mknod(parent, name, syscall.S_IFLNK|0o777, uid, gid, 0, target, now, 0)
 }
 
 // Readlink returns a symlink's target.

@@ -1216,3 +1216,49 @@ func TestStoreUnlinkPurges(t *testing.T) {
 		t.Fatalf("open orphan reads %q", got)
 	}
 }
+
+// TestStoreCreateAs: a file made with a number AllocInos handed out gets
+// that number and the given times; a number not handed out, one in use
+// and another server's are refused, and nothing changes.
+func TestStoreCreateAs(t *testing.T) {
+	dir := t.TempDir()
+	s := openTestStore(t, dir, StoreOptions{})
+	first, err := s.AllocInos(3)
+	must[any](t)(nil, err)
+	a := must[Attr](t)(s.CreateAs(first+1, ids.RootIno, "f", 0o644, 7, 8, 1234))
+	if a.Ino != first+1 || a.Mode != syscall.S_IFREG|0o644 || a.Uid != 7 || a.Gid != 8 || a.Mtime != 1234 || a.Ctime != 1234 {
+		t.Fatalf("made %+v", a)
+	}
+	if got := must[Attr](t)(s.Lookup(ids.RootIno, "f")); got.Ino != first+1 {
+		t.Fatalf("f is %v", got.Ino)
+	}
+	next, err := s.AllocInos(1)
+	must[any](t)(nil, err)
+	for _, c := range []struct {
+		why string
+		ino ids.Ino
+	}{
+		{"in use", first + 1},
+		{"not handed out", next + 1},
+		{"another server's", ids.MakeIno(2, uint64(first+2)&(1<<56-1))},
+		{"zero counter", ids.MakeIno(1, 0)},
+	} {
+		_, err := s.CreateAs(c.ino, ids.RootIno, "g", 0o644, 0, 0, 1)
+		wantCode(t, err, wire.CodeInvalid)
+		if _, err := s.Lookup(ids.RootIno, "g"); !errors.Is(err, wire.Err(wire.CodeNotFound)) {
+			t.Fatalf("%s: g after the refused create: %v", c.why, err)
+		}
+	}
+	_, err = s.CreateAs(first, ids.RootIno, "d", syscall.S_IFDIR|0o755, 0, 0, 1)
+	wantCode(t, err, wire.CodeInvalid)
+	// numbers handed out before a restart are never handed out again
+	must[any](t)(nil, s.Close())
+	s = openTestStore(t, dir, StoreOptions{})
+	defer s.Close()
+	after, err := s.AllocInos(1)
+	must[any](t)(nil, err)
+	if after <= next {
+		t.Fatalf("after a restart AllocInos handed out %v again (last was %v)", after, next)
+	}
+	must[Attr](t)(s.CreateAs(first+2, ids.RootIno, "h", 0o600, 0, 0, 5))
+}

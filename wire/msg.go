@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -42,6 +43,7 @@ const (
 	OpReclaim     // after a NACK or server restart: reclaim LockMode on Ino based on Version
 	OpGoodbye     // clean unmount: forget the session now
 	OpBatch       // changes of one directory, executed in order: Data holds them (AppendBatch)
+	OpAllocInos   // hand the client Size inode numbers for creates behind it (CreateIno); Data: AppendInoRange
 	opEnd
 )
 
@@ -55,6 +57,7 @@ var opNames = [...]string{
 	OpGetXattr: "getxattr", OpSetXattr: "setxattr", OpListXattr: "listxattr",
 	OpRemoveXattr: "removexattr", OpLock: "lock", OpLockRelease: "lock-release",
 	OpPosixLock: "posix-lock", OpReclaim: "reclaim", OpGoodbye: "goodbye", OpBatch: "batch",
+	OpAllocInos: "alloc-inos",
 }
 
 func (o Op) String() string {
@@ -75,7 +78,7 @@ func (o Op) Valid() bool { return o > 0 && o < opEnd }
 // server handed out (a data lock, an open handle, POSIX locks of an owner).
 func (o Op) Owned() bool {
 	switch o {
-	case OpOpenSession, OpRenew, OpGoodbye, OpStatFs, OpLockRelease, OpRelease:
+	case OpOpenSession, OpRenew, OpGoodbye, OpStatFs, OpLockRelease, OpRelease, OpAllocInos:
 		return false
 	}
 	return o > 0 && o < opEnd
@@ -108,9 +111,37 @@ const (
 	WriteIfVersion
 )
 
-// CreateOpen in an OpCreate request's Flags also opens the new file (one
-// round trip for open(O_CREAT)).
-const CreateOpen uint32 = 1
+// OpCreate flags.
+const (
+	// CreateOpen also opens the new file (one round trip for
+	// open(O_CREAT)).
+	CreateOpen uint32 = 1 << iota
+	// CreateIno makes the file with inode number Ino, one the server
+	// handed this client (OpAllocInos), and times Mtime: the client sent
+	// the create behind its caller and answered it already.
+	CreateIno
+)
+
+// MaxInoRange bounds the inode numbers one OpAllocInos hands out.
+const MaxInoRange = 4096
+
+// AppendInoRange appends an OpAllocInos reply: n numbers from first on.
+func AppendInoRange(b []byte, first ids.Ino, n uint32) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(first))
+	return binary.BigEndian.AppendUint32(b, n)
+}
+
+// ParseInoRange reads an OpAllocInos reply.
+func ParseInoRange(b []byte) (first ids.Ino, n uint32, err error) {
+	if len(b) != 12 {
+		return 0, 0, Errf(CodeBadMessage, "inode range of %d bytes, want 12", len(b))
+	}
+	first, n = ids.Ino(binary.BigEndian.Uint64(b)), binary.BigEndian.Uint32(b[8:])
+	if first == 0 || n == 0 || n > MaxInoRange {
+		return 0, 0, Errf(CodeBadMessage, "inode range %v+%d", first, n)
+	}
+	return first, n, nil
+}
 
 // RemoveIfIno in an OpUnlink or OpRmdir request's Flags removes the name
 // only if it still names Ino (else CodeNotFound): a removal the client sent

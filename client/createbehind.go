@@ -1,0 +1,146 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// Creates behind the caller. Under the X lock of a directory whose entries
+// it knows, a mount makes a new regular file in its cache at once (with an
+// inode number the server handed it ahead, OpAllocInos), opens it, takes
+// the new file's X lock itself (nobody else can know the file yet) and
+// returns; the create (wire.CreateIno) goes to the server behind the
+// caller, in the same per-directory queue and batches as removals, so that
+// it stays in order with them. Until it is there, whatever could observe
+// the file waits for it like for a removal (behind.go): any request naming
+// the directory or the new inode (the flush of the data written to it,
+// above all), a lookup of the name, a revocation of either lock, fsync,
+// unmount. A server in a cluster hands out no numbers (a new inode's owner
+// acquires it as it makes it): there creates wait for the server.
+
+// inoRange is how many numbers a mount asks for at a time; it asks again
+// when fewer than a quarter are left.
+const inoRange = 256
+
+// inoPool holds the inode numbers the server handed this mount.
+type inoPool struct {
+	mu        sync.Mutex
+	ranges    [][2]ids.Ino // [first, end)
+	left      int
+	refilling bool
+	refused   bool // the server hands out none
+}
+
+// takeIno returns a number the server handed out, or false.
+func (c *Client) takeIno() (ids.Ino, bool) {
+	p := &c.inos
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.refused {
+		return 0, false
+	}
+	if p.left < inoRange/4 && !p.refilling {
+		p.refilling = true
+		go c.refillInos()
+	}
+	if p.left == 0 {
+		return 0, false
+	}
+	r := &p.ranges[0]
+	ino := r[0]
+	if r[0]++; r[0] == r[1] {
+		p.ranges = p.ranges[1:]
+	}
+	p.left--
+	return ino, true
+}
+
+// returnIno gives back a number takeIno returned and nothing used.
+func (c *Client) returnIno(ino ids.Ino) {
+	p := &c.inos
+	p.mu.Lock()
+	p.ranges = append([][2]ids.Ino{{ino, ino + 1}}, p.ranges...)
+	p.left++
+	p.mu.Unlock()
+}
+
+func (c *Client) refillInos() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpAllocInos, Size: inoRange})
+	var first ids.Ino
+	var n uint32
+	if err == nil {
+		first, n, err = wire.ParseInoRange(rep.Data)
+	}
+	p := &c.inos
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refilling = false
+	switch {
+	case errors.Is(err, wire.Err(wire.CodeInvalid)), errors.Is(err, wire.Err(wire.CodeBadMessage)):
+		// a cluster, or a server older than OpAllocInos
+		p.refused = true
+		c.log.Info("the server hands out no inode numbers; creates wait for it", "err", err)
+	case err != nil:
+		c.log.Debug("asking for inode numbers", "err", err) // asked again at the next create
+	default:
+		p.ranges = append(p.ranges, [2]ids.Ino{first, first + ids.Ino(n)})
+		p.left += int(n)
+	}
+}
+
+// createBehind makes parent/name, a regular file, in the cache and opens
+// it, and sends the create behind the caller, if the client holds parent's
+// X lock, knows the name is free and has an inode number; false if the
+// create must be sent and waited for.
+func (c *Client) createBehind(parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, bool) {
+	if t := mode & syscall.S_IFMT; t != 0 && t != syscall.S_IFREG || len(name) > 255 /* NAME_MAX: the server's error then */ {
+		return nil, false
+	}
+	ino, ok := c.takeIno()
+	if !ok {
+		return nil, false
+	}
+	c.behind.reserve()
+	c.mu.Lock()
+	pmode, _ := c.cache.Mode(parent)
+	cur, known := c.cache.Entry(parent, name)
+	dir, cached := c.cache.Attr(parent)
+	if pmode != wire.LockExclusive || !c.leasesValid(c.clk.Now()) || !known || cur != 0 || !cached {
+		c.mu.Unlock()
+		c.behind.unreserve()
+		c.returnIno(ino)
+		return nil, false
+	}
+	// what the server will make of it (Store.CreateAs), times included:
+	// the request carries them
+	t := time.Now().UnixNano()
+	a := &wire.Attr{Ino: ino, Mode: syscall.S_IFREG | mode&^syscall.S_IFMT, Nlink: 1, Uid: uid, Gid: gid,
+		Atime: t, Mtime: t, Ctime: t}
+	if dir.Mode&syscall.S_ISGID != 0 {
+		a.Gid = dir.Gid // BSD group semantics of setgid directories
+	}
+	dir.Mtime, dir.Ctime = t, t
+	c.cache.SetAttr(dir)
+	// The X lock is the client's from here; the server grants it (with a
+	// sequence number) in the create's reply.
+	c.cache.Granted(wire.Grant{Ino: ino, Mode: wire.LockExclusive})
+	c.cache.SetAttr(a)
+	c.cache.SetNoXattrs(ino) // new: the kernel's security.capability questions need no server
+	c.cache.OpenLocally(ino)
+	c.cache.SetEntry(parent, name, ino)
+	c.behind.start(parent, ino, name)
+	c.Counters.CreatedBehind.Add(1)
+	c.mu.Unlock()
+	c.queueBehind(parent, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Ino: ino, Mode: a.Mode,
+		Uid: uid, Gid: gid, Mtime: t, Flags: wire.CreateOpen | wire.CreateIno})
+	cp := *a
+	return &cp, true
+}
