@@ -35,6 +35,9 @@ type behind struct {
 	inos  map[ids.Ino]int // removals in flight per directory and per removed inode
 	names map[dirName]int // and per removed name
 	in    map[ids.Ino]int // and per directory they remove from
+	// lost holds files whose create sent behind failed at the server:
+	// what was written to them must fail, not pass for a removed file's
+	lost map[ids.Ino]bool
 	// queued holds removals not yet sent, per directory; a directory with
 	// an entry has a sender (sendBehind) running, which sends what queued
 	// up while its last batch was at the server as the next batch.
@@ -51,6 +54,7 @@ func (b *behind) init() {
 	b.inos = map[ids.Ino]int{}
 	b.names = map[dirName]int{}
 	b.in = map[ids.Ino]int{}
+	b.lost = map[ids.Ino]bool{}
 	b.queued = map[ids.Ino][]*wire.Request{}
 }
 
@@ -256,6 +260,10 @@ func (c *Client) sendBehind(dir ids.Ino) {
 				// reported at close or fsync
 				c.log.Warn("a create sent behind failed at the server; the file is lost",
 					"path", c.PathOf(dir), "name", req.Name, "ino", req.Ino, "err", err)
+				c.Counters.DataLost.Add(1)
+				c.behind.mu.Lock()
+				c.behind.lost[req.Ino] = true
+				c.behind.mu.Unlock()
 				c.forget(dir, req.Ino)
 			case gone(err):
 				c.log.Debug("a removal sent behind found the name gone", "dir", dir, "name", req.Name, "err", err)

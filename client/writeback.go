@@ -328,6 +328,12 @@ func (c *Client) removedWhileDirty(ino ids.Ino, f *dirtyFile, err error) bool {
 	if !gone(err) {
 		return false
 	}
+	c.behind.mu.Lock()
+	lost := c.behind.lost[ino]
+	c.behind.mu.Unlock()
+	if lost {
+		return false // never made at the server (createBehind): the writes fail
+	}
 	c.log.Debug("buffered changes of a removed file dropped", "ino", ino, "bytes", f.bytes)
 	return true
 }
