@@ -539,6 +539,7 @@ func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID)
 		}
 	}
 	c.Counters.Recoveries.Add(1)
+	c.resetInos()
 	c.log.Info("recovery done: caches rebuilt on demand")
 	return dropped, nil
 }

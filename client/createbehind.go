@@ -70,6 +70,20 @@ func (c *Client) returnIno(ino ids.Ino) {
 	p.mu.Unlock()
 }
 
+// resetInos forgets the numbers handed out so far and asks again, after a
+// lost session: the server may have restarted as another kind (a cluster
+// member hands out none, and takes no create with one).
+func (c *Client) resetInos() {
+	p := &c.inos
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ranges, p.left, p.refused = nil, 0, false
+	if !p.refilling {
+		p.refilling = true
+		go c.refillInos()
+	}
+}
+
 func (c *Client) refillInos() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
