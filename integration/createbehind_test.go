@@ -3,12 +3,10 @@ package integration
 import (
 	"bytes"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
-	"time"
 )
 
 // TestCreateBehind: under a directory's X lock a mount creates files
@@ -101,16 +99,7 @@ func TestCreateBehindNack(t *testing.T) {
 	must(t, err)
 	_, err = f.Write([]byte("written before the NACK"))
 	must(t, err)
-	rep, err := http.Post("http://"+adminAddr+"/api/evict?client="+id, "", nil)
-	must(t, err)
-	rep.Body.Close()
-	if rep.StatusCode != http.StatusOK {
-		t.Fatalf("evict: %s", rep.Status)
-	}
-	waitFor(t, 10*time.Second, "the mount to recover", func() bool {
-		_, st := mountStats(t, m)
-		return st.Recoveries > 0
-	})
+	evictAndRecover(t, adminAddr, id, m)
 	closeErr := f.Close()
 	_, st := mountStats(t, m)
 	t.Logf("close: %v; created behind %d, recoveries %d, lost %d", closeErr, st.CreatedBehind, st.Recoveries, st.DataLost)
