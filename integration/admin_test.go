@@ -24,7 +24,7 @@ func freeTCPAddr(t testing.TB) string {
 }
 
 // admin runs `leasefs admin` and returns its output.
-func admin(t *testing.T, args ...string) string {
+func admin(t testing.TB, args ...string) string {
 	t.Helper()
 	return run(t, "", binary, append([]string{"admin"}, args...)...)
 }
@@ -43,7 +43,7 @@ type mountCounters struct {
 }
 
 // mountStats returns a mount's client id and counters.
-func mountStats(t *testing.T, m *mount) (id string, _ mountCounters) {
+func mountStats(t testing.TB, m *mount) (id string, _ mountCounters) {
 	t.Helper()
 	var st struct {
 		Client string

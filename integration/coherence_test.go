@@ -661,7 +661,7 @@ func evictAndRecover(t *testing.T, adminAddr, id string, m *mount) {
 }
 
 // syncDir fsyncs a directory.
-func syncDir(t *testing.T, dir string) {
+func syncDir(t testing.TB, dir string) {
 	t.Helper()
 	d, err := os.Open(dir)
 	must(t, err)

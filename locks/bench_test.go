@@ -1,6 +1,7 @@
 package locks
 
 import (
+	"runtime"
 	"testing"
 
 	"github.com/leasefs/leasefs/internal/ids"
@@ -47,5 +48,26 @@ func BenchmarkPosixLockUnlock(b *testing.B) {
 	for b.Loop() {
 		tb.Set(i1, PosixLock{Owner: me, Type: ReadLock, Start: 500, End: 599})
 		tb.Set(i1, PosixLock{Owner: me, Type: Unlock, Start: 0, End: ToEOF})
+	}
+}
+
+// BenchmarkDataHeld measures the lock table's memory per held lock: the
+// live heap after granting S locks on 100,000 inodes, less before, per lock.
+func BenchmarkDataHeld(b *testing.B) {
+	const n = 100_000
+	for range b.N {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		tb := NewDataTable(DefaultDataConfig())
+		for i := range n {
+			if out, _ := tb.Request(1, ids.Ino(i+1), Shared); len(out.Grants) != 1 {
+				b.Fatalf("inode %d: %+v", i+1, out)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/held-lock")
+		runtime.KeepAlive(tb)
 	}
 }
