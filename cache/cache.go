@@ -9,6 +9,9 @@ package cache
 
 import (
 	"container/list"
+	"slices"
+	"strings"
+	"syscall"
 
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/internal/pagemem"
@@ -378,6 +381,35 @@ func (c *Cache) Entry(parent ids.Ino, name string) (child ids.Ino, ok bool) {
 	}
 	c.misses++
 	return 0, false
+}
+
+// Listing returns every entry of dir, by name, with Off numbering them from
+// 1, if the cache holds them all (complete) and knows each one's type (an
+// inode's type never changes); false otherwise.
+func (c *Cache) Listing(dir ids.Ino) ([]wire.DirEntry, bool) {
+	e := c.inodes[dir]
+	if e == nil || e.mode == wire.LockNone || !e.complete {
+		c.misses++
+		return nil, false
+	}
+	out := make([]wire.DirEntry, 0, len(e.names))
+	for name, ino := range e.names {
+		if ino == 0 {
+			continue
+		}
+		child := c.inodes[ino]
+		if child == nil || child.attr == nil {
+			c.misses++
+			return nil, false
+		}
+		out = append(out, wire.DirEntry{Name: name, Ino: ino, Mode: child.attr.Mode & syscall.S_IFMT})
+	}
+	slices.SortFunc(out, func(a, b wire.DirEntry) int { return strings.Compare(a.Name, b.Name) })
+	for i := range out {
+		out[i].Off = uint64(i + 1)
+	}
+	c.hits++
+	return out, true
 }
 
 // InvalidateDir forgets a directory's cached entries and attributes.

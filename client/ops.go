@@ -330,6 +330,40 @@ func (c *Client) Rename(ctx context.Context, parent ids.Ino, name string, newPar
 }
 
 // ReadDir lists entries after the cookie `after`.
+// CachedListing returns every entry of dir from the cache (cache.Listing),
+// if it holds them all: under the directory's lock nobody else can change
+// them, and this client's own changes are in the cache at once.
+func (c *Client) CachedListing(dir ids.Ino) ([]wire.DirEntry, bool) {
+	var ents []wire.DirEntry
+	ok := c.cached(func(ch *cache.Cache) bool {
+		var ok bool
+		ents, ok = ch.Listing(dir)
+		return ok
+	})
+	return ents, ok
+}
+
+// ReadDirAll lists all of dir from the server.
+func (c *Client) ReadDirAll(ctx context.Context, dir ids.Ino) ([]wire.DirEntry, error) {
+	var all []wire.DirEntry
+	for after := uint64(0); ; {
+		ents, err := c.ReadDir(ctx, dir, after, ReadDirPage)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, ents...)
+		if len(ents) < ReadDirPage {
+			return all, nil
+		}
+		after = ents[len(ents)-1].Off
+	}
+}
+
+// ReadDirPage is how many entries one listing request asks for.
+const ReadDirPage = 512
+
+// ReadDir lists at most max entries of dir after cookie after, in cookie
+// order; fewer only at the end.
 func (c *Client) ReadDir(ctx context.Context, dir ids.Ino, after uint64, max int) ([]wire.DirEntry, error) {
 	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpReadDir, Ino: dir, Off: after, Size: uint64(max)})
 	if err != nil {

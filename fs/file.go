@@ -3,12 +3,15 @@ package fs
 import (
 	"context"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
+	"github.com/leasefs/leasefs/client"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -95,13 +98,22 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 
 // dirHandle streams a directory. Offsets 1 and 2 are "." and ".."; after
 // them an offset is the server's entry cookie plus 2, stable while entries
-// are added or removed.
+// are added or removed. A listing the mount's cache holds whole is served
+// from there, without the server (rm -rf, find, ls of a tree this mount
+// made), in name order: then an offset is localOff plus the entry's place
+// in that order, and a seek to one (from another handle too) finds the
+// place in the directory as it is then (from the cache, or else from the
+// whole listing the server gives, put in name order).
 type dirHandle struct {
 	n     *Node
 	after uint64 // offset of the last entry returned
 	buf   []fuse.DirEntry
 	eof   bool
+	snap  []fuse.DirEntry // the listing in name order, if served that way
 }
+
+// localOff marks the offsets of a listing served in name order.
+const localOff = 1 << 62
 
 var (
 	_ = (gofs.FileReaddirenter)((*dirHandle)(nil))
@@ -109,9 +121,6 @@ var (
 )
 
 const dotEntries = 2
-
-// readDirBatch is how many entries one server request lists.
-const readDirBatch = 512
 
 // Readdirent returns the next entry, nil at the end.
 func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
@@ -127,13 +136,20 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 		if d.eof {
 			return nil, 0
 		}
-		ents, err := d.n.c.ReadDir(ctx, d.n.ino(), d.after-dotEntries, readDirBatch)
+		if d.after == dotEntries {
+			if ents, ok := d.n.c.CachedListing(d.n.ino()); ok {
+				d.snap = inNameOrder(ents)
+				d.buf, d.eof = d.snap, true
+				return d.Readdirent(ctx)
+			}
+		}
+		ents, err := d.n.c.ReadDir(ctx, d.n.ino(), d.after-dotEntries, client.ReadDirPage)
 		if err != nil {
 			return nil, toErrno(err)
 		}
 		// fewer than asked only at the end (wire.OpReadDir): no second
 		// request to learn that
-		d.eof = len(ents) < readDirBatch
+		d.eof = len(ents) < client.ReadDirPage
 		if len(ents) == 0 {
 			return nil, 0
 		}
@@ -150,7 +166,32 @@ func (d *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Err
 // Seekdir continues the stream after offset off.
 func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	d.after, d.buf, d.eof = off, nil, false
+	if off&localOff == 0 {
+		d.snap = nil // a server cookie, or the start: the directory as it is now
+		return 0
+	}
+	if d.snap == nil {
+		ents, ok := d.n.c.CachedListing(d.n.ino())
+		if !ok {
+			var err error
+			if ents, err = d.n.c.ReadDirAll(ctx, d.n.ino()); err != nil {
+				return toErrno(err)
+			}
+			slices.SortFunc(ents, func(a, b wire.DirEntry) int { return strings.Compare(a.Name, b.Name) })
+		}
+		d.snap = inNameOrder(ents)
+	}
+	d.buf, d.eof = d.snap[min(off&^localOff, uint64(len(d.snap))):], true
 	return 0
+}
+
+// inNameOrder makes a handle's entries of a listing in name order.
+func inNameOrder(ents []wire.DirEntry) []fuse.DirEntry {
+	out := make([]fuse.DirEntry, 0, len(ents))
+	for i, e := range ents {
+		out = append(out, fuse.DirEntry{Name: e.Name, Ino: uint64(e.Ino), Mode: e.Mode, Off: localOff | uint64(i+1)})
+	}
+	return out
 }
 
 var (
