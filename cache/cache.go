@@ -383,9 +383,9 @@ func (c *Cache) Entry(parent ids.Ino, name string) (child ids.Ino, ok bool) {
 	return 0, false
 }
 
-// Listing returns every entry of dir, by name, with Off numbering them from
-// 1, if the cache holds them all (complete) and knows each one's type (an
-// inode's type never changes); false otherwise.
+// Listing returns every entry of dir, in name order, if the cache holds
+// them all (complete) and knows each one's type (an inode's type never
+// changes); false otherwise.
 func (c *Cache) Listing(dir ids.Ino) ([]wire.DirEntry, bool) {
 	e := c.inodes[dir]
 	if e == nil || e.mode == wire.LockNone || !e.complete {
@@ -405,9 +405,6 @@ func (c *Cache) Listing(dir ids.Ino) ([]wire.DirEntry, bool) {
 		out = append(out, wire.DirEntry{Name: name, Ino: ino, Mode: child.attr.Mode & syscall.S_IFMT})
 	}
 	slices.SortFunc(out, func(a, b wire.DirEntry) int { return strings.Compare(a.Name, b.Name) })
-	for i := range out {
-		out[i].Off = uint64(i + 1)
-	}
 	c.hits++
 	return out, true
 }

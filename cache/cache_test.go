@@ -1,6 +1,8 @@
 package cache
 
 import (
+	"slices"
+	"syscall"
 	"testing"
 
 	idpkg "github.com/leasefs/leasefs/internal/ids"
@@ -187,5 +189,41 @@ func TestNameBudget(t *testing.T) {
 	c.Revoke(2, wire.LockNone, 9)
 	if c.names != 0 {
 		t.Fatalf("%d names counted after both directories were forgotten", c.names)
+	}
+}
+
+// TestListing: a directory's listing comes from the cache only while it is
+// complete under a lock and every entry's type is known; removed and absent
+// names are not listed, and the order is by name.
+func TestListing(t *testing.T) {
+	c := New(100)
+	c.Granted(wire.Grant{Ino: 2, Mode: wire.LockExclusive, Seq: 1})
+	if _, ok := c.Listing(2); ok {
+		t.Fatal("listed a directory not known complete")
+	}
+	c.MarkComplete(2)
+	for ino, name := range map[idpkg.Ino]string{10: "b", 11: "a", 12: "c"} {
+		c.Granted(wire.Grant{Ino: ino, Mode: wire.LockExclusive, Seq: 1})
+		mode := uint32(syscall.S_IFREG | 0o644)
+		if name == "c" {
+			mode = syscall.S_IFDIR | 0o755
+		}
+		c.SetAttr(&wire.Attr{Ino: ino, Mode: mode})
+		c.SetEntry(2, name, ino)
+	}
+	c.SetEntry(2, "gone", 0)
+	got, ok := c.Listing(2)
+	want := []wire.DirEntry{{Name: "a", Ino: 11, Mode: syscall.S_IFREG}, {Name: "b", Ino: 10, Mode: syscall.S_IFREG},
+		{Name: "c", Ino: 12, Mode: syscall.S_IFDIR}}
+	if !ok || !slices.Equal(got, want) {
+		t.Fatalf("listing %v %v, want %v", got, ok, want)
+	}
+	c.SetEntry(2, "d", 13) // its type unknown
+	if _, ok := c.Listing(2); ok {
+		t.Fatal("listed an entry of unknown type")
+	}
+	c.Revoke(2, wire.LockNone, 2)
+	if _, ok := c.Listing(2); ok {
+		t.Fatal("listed a directory whose lock was revoked")
 	}
 }
