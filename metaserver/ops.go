@@ -242,17 +242,14 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 						s.openHandle(sess, a.Ino, 1)
 					}
 				}
-				if r.Flags&wire.CreateIno != 0 {
-					return attrReply(a, err)
-				}
-				return s.withDirAttr(attrReply(a, err), r.Parent)
+				return s.withDirAttr(attrReply(a, err), r)
 			case wire.OpMkdir:
-				return s.withDirAttr(attrReply(st.Mkdir(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, now)), r.Parent)
+				return s.withDirAttr(attrReply(st.Mkdir(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, now)), r)
 			}
-			return s.withDirAttr(attrReply(st.Symlink(r.Parent, r.Name, r.Target, r.Uid, r.Gid, now)), r.Parent)
+			return s.withDirAttr(attrReply(st.Symlink(r.Parent, r.Name, r.Target, r.Uid, r.Gid, now)), r)
 		}
 		var rep *wire.Reply
-		if behind := r.Op == wire.OpCreate && r.Flags&wire.CreateIno != 0; behind {
+		if sentBehind(r) {
 			// made behind the client's caller under its X lock on the
 			// directory: the name was free, and the client has its
 			// attributes and the directory's (no store reads for them)
@@ -279,9 +276,9 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			// it too, the file outlives an unlink until the session ends)
 			s.openHandle(sess, rep.Attr.Ino, 1)
 		}
-		if r.Flags&wire.CreateIno != 0 {
-			// made behind the client's caller: it has the attributes,
-			// and may have changed them since (buffered writes)
+		if sentBehind(r) {
+			// the client has the attributes, and may have changed them
+			// since (buffered writes)
 			rep.Attr = nil
 		}
 		return rep
@@ -309,7 +306,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		return &wire.Reply{Data: []byte(t)}
 	case wire.OpLink:
 		return s.underLocks(ctx, sess, exclusive(r.Ino, r.NewPar), s.once(sess, r, func() *wire.Reply {
-			return s.withDirAttr(attrReply(st.Link(r.Ino, r.NewPar, r.Name, now)), r.NewPar)
+			return s.withDirAttr(attrReply(st.Link(r.Ino, r.NewPar, r.Name, now)), r)
 		}))
 	case wire.OpUnlink:
 		return s.removal(ctx, sess, r, s.once(sess, r, func() *wire.Reply {
@@ -320,14 +317,14 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			if err == nil && !purged {
 				s.removed(&a)
 			}
-			return s.withDirAttr(errReply(err), r.Parent)
+			return s.withDirAttr(errReply(err), r)
 		}))
 	case wire.OpRmdir:
 		return s.removal(ctx, sess, r, s.once(sess, r, func() *wire.Reply {
 			if rep := s.namesOther(r); rep != nil {
 				return rep
 			}
-			return s.withDirAttr(errReply(st.Rmdir(r.Parent, r.Name, now)), r.Parent)
+			return s.withDirAttr(errReply(st.Rmdir(r.Parent, r.Name, now)), r)
 		}))
 	case wire.OpRename:
 		for attempt := 0; ; attempt++ {
@@ -506,18 +503,36 @@ func (s *Server) namesOther(r *wire.Request) *wire.Reply {
 	return nil
 }
 
-// withDirAttr adds to a successful change of dir's entries dir's
-// attributes after it (Attr2), read under the X lock the change holds on
-// dir: the client caches them under that lock instead of asking again at
-// the kernel's next lookup of dir (one request of three per create).
-func (s *Server) withDirAttr(rep *wire.Reply, dir ids.Ino) *wire.Reply {
-	if rep.Code != wire.CodeOK {
+// withDirAttr adds to a successful change r of a directory's entries the
+// directory's attributes after it (Attr2), read under the X lock the
+// change holds on it: the client caches them under that lock instead of
+// asking again at the kernel's next lookup of the directory (one request of
+// three per create). Not for a change sent behind: the client changed its
+// cached directory itself.
+func (s *Server) withDirAttr(rep *wire.Reply, r *wire.Request) *wire.Reply {
+	if rep.Code != wire.CodeOK || sentBehind(r) {
 		return rep
+	}
+	dir := r.Parent
+	if r.Op == wire.OpLink {
+		dir = r.NewPar
 	}
 	if a, err := s.store.GetAttr(dir); err == nil {
 		rep.Attr2 = toWire(a)
 	}
 	return rep
+}
+
+// sentBehind reports whether r is a change a client sent behind its caller
+// (client/behind.go): it reads nothing of the reply but its outcome.
+func sentBehind(r *wire.Request) bool {
+	switch r.Op {
+	case wire.OpUnlink, wire.OpRmdir:
+		return r.Flags&wire.RemoveIfIno != 0
+	case wire.OpCreate:
+		return r.Flags&wire.CreateIno != 0
+	}
+	return false
 }
 
 // changeOrigin is the Origin a change request records (store_done.go):
