@@ -9,8 +9,6 @@ package cache
 
 import (
 	"container/list"
-	"slices"
-	"strings"
 	"syscall"
 
 	"github.com/leasefs/leasefs/internal/ids"
@@ -404,7 +402,7 @@ func (c *Cache) Listing(dir ids.Ino) ([]wire.DirEntry, bool) {
 		}
 		out = append(out, wire.DirEntry{Name: name, Ino: ino, Mode: child.attr.Mode & syscall.S_IFMT})
 	}
-	slices.SortFunc(out, func(a, b wire.DirEntry) int { return strings.Compare(a.Name, b.Name) })
+	wire.SortByName(out)
 	c.hits++
 	return out, true
 }

@@ -15,8 +15,10 @@ import (
 // name from its cache at once, returns, and sends the removal to the server
 // behind the caller (rm -rf then costs a FUSE round trip per file, not a
 // server round trip). An empty directory's removal does not wait for the
-// removals in it either: its sender sends it once they reached the server. Everything that could observe the removal waits for
-// it to reach the server first: any request naming the directory or the
+// removals in it either: its sender sends it once they reached the server.
+// (Creates go the same way: createbehind.go.) Everything that could observe
+// the removal waits for it to reach the server first: any request naming the
+// directory or the
 // removed inode (a listing, a create or rename there, a stat of the removed
 // file), a lookup of the removed name, a revocation of either lock, fsync,
 // close of the mount. The request says which inode it removes
@@ -32,9 +34,9 @@ type behind struct {
 	mu    sync.Mutex
 	cond  sync.Cond
 	total int
-	inos  map[ids.Ino]int // removals in flight per directory and per removed inode
-	names map[dirName]int // and per removed name
-	in    map[ids.Ino]int // and per directory they remove from
+	inos  map[ids.Ino]int // changes in flight per directory and per inode removed or made
+	names map[dirName]int // and per name
+	in    map[ids.Ino]int // and per directory they change
 	// lost holds files whose create sent behind failed at the server:
 	// what was written to them must fail, not pass for a removed file's
 	lost map[ids.Ino]bool
@@ -119,7 +121,21 @@ func (b *behind) wait(inos ...ids.Ino) {
 func (b *behind) busy(ino ids.Ino) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.inos[ino] > 0
+	return b.pending([]ids.Ino{ino})
+}
+
+// failed records that the create of ino sent behind failed at the server.
+func (b *behind) failed(ino ids.Ino) {
+	b.mu.Lock()
+	b.lost[ino] = true
+	b.mu.Unlock()
+}
+
+// isLost reports whether ino's create sent behind failed at the server.
+func (b *behind) isLost(ino ids.Ino) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lost[ino]
 }
 
 func (b *behind) pending(inos []ids.Ino) bool {
@@ -261,9 +277,7 @@ func (c *Client) sendBehind(dir ids.Ino) {
 				c.log.Warn("a create sent behind failed at the server; the file is lost",
 					"path", c.PathOf(dir), "name", req.Name, "ino", req.Ino, "err", err)
 				c.Counters.DataLost.Add(1)
-				c.behind.mu.Lock()
-				c.behind.lost[req.Ino] = true
-				c.behind.mu.Unlock()
+				c.behind.failed(req.Ino)
 				c.forget(dir, req.Ino)
 			case gone(err):
 				c.log.Debug("a removal sent behind found the name gone", "dir", dir, "name", req.Name, "err", err)

@@ -31,8 +31,7 @@ const inoRange = 256
 // inoPool holds the inode numbers the server handed this mount.
 type inoPool struct {
 	mu        sync.Mutex
-	ranges    [][2]ids.Ino // [first, end)
-	left      int
+	ranges    [][2]ids.Ino // [first, end): one, or two while a refill arrived early
 	refilling bool
 	refused   bool // the server hands out none
 }
@@ -45,11 +44,15 @@ func (c *Client) takeIno() (ids.Ino, bool) {
 	if p.refused {
 		return 0, false
 	}
-	if p.left < inoRange/4 && !p.refilling {
+	left := 0
+	for _, r := range p.ranges {
+		left += int(r[1] - r[0])
+	}
+	if left < inoRange/4 && !p.refilling {
 		p.refilling = true
 		go c.refillInos()
 	}
-	if p.left == 0 {
+	if left == 0 {
 		return 0, false
 	}
 	r := &p.ranges[0]
@@ -57,17 +60,7 @@ func (c *Client) takeIno() (ids.Ino, bool) {
 	if r[0]++; r[0] == r[1] {
 		p.ranges = p.ranges[1:]
 	}
-	p.left--
 	return ino, true
-}
-
-// returnIno gives back a number takeIno returned and nothing used.
-func (c *Client) returnIno(ino ids.Ino) {
-	p := &c.inos
-	p.mu.Lock()
-	p.ranges = append([][2]ids.Ino{{ino, ino + 1}}, p.ranges...)
-	p.left++
-	p.mu.Unlock()
 }
 
 // resetInos forgets the numbers handed out so far and asks again, after a
@@ -77,7 +70,7 @@ func (c *Client) resetInos() {
 	p := &c.inos
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.ranges, p.left, p.refused = nil, 0, false
+	p.ranges, p.refused = nil, false
 	if !p.refilling {
 		p.refilling = true
 		go c.refillInos()
@@ -106,7 +99,6 @@ func (c *Client) refillInos() {
 		c.log.Debug("asking for inode numbers", "err", err) // asked again at the next create
 	default:
 		p.ranges = append(p.ranges, [2]ids.Ino{first, first + ids.Ino(n)})
-		p.left += int(n)
 	}
 }
 
@@ -118,19 +110,19 @@ func (c *Client) createBehind(parent ids.Ino, name string, mode, uid, gid uint32
 	if t := mode & syscall.S_IFMT; t != 0 && t != syscall.S_IFREG || len(name) > 255 /* NAME_MAX: the server's error then */ {
 		return nil, false
 	}
-	ino, ok := c.takeIno()
-	if !ok {
-		return nil, false
-	}
 	c.behind.reserve()
 	c.mu.Lock()
 	pmode, _ := c.cache.Mode(parent)
 	cur, known := c.cache.Entry(parent, name)
 	dir, cached := c.cache.Attr(parent)
-	if pmode != wire.LockExclusive || !c.leasesValid(c.clk.Now()) || !known || cur != 0 || !cached {
+	var ino ids.Ino
+	ok := pmode == wire.LockExclusive && c.leasesValid(c.clk.Now()) && known && cur == 0 && cached
+	if ok {
+		ino, ok = c.takeIno() // last: a number taken is used
+	}
+	if !ok {
 		c.mu.Unlock()
 		c.behind.unreserve()
-		c.returnIno(ino)
 		return nil, false
 	}
 	// what the server will make of it (Store.CreateAs), times included:

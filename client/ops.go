@@ -329,7 +329,6 @@ func (c *Client) Rename(ctx context.Context, parent ids.Ino, name string, newPar
 	return err
 }
 
-// ReadDir lists entries after the cookie `after`.
 // CachedListing returns every entry of dir from the cache (cache.Listing),
 // if it holds them all: under the directory's lock nobody else can change
 // them, and this client's own changes are in the cache at once.
@@ -343,8 +342,12 @@ func (c *Client) CachedListing(dir ids.Ino) ([]wire.DirEntry, bool) {
 	return ents, ok
 }
 
-// ReadDirAll lists all of dir from the server.
-func (c *Client) ReadDirAll(ctx context.Context, dir ids.Ino) ([]wire.DirEntry, error) {
+// ListingByName returns every entry of dir in name order: from the cache
+// (CachedListing), or else the server's whole listing, sorted.
+func (c *Client) ListingByName(ctx context.Context, dir ids.Ino) ([]wire.DirEntry, error) {
+	if ents, ok := c.CachedListing(dir); ok {
+		return ents, nil
+	}
 	var all []wire.DirEntry
 	for after := uint64(0); ; {
 		ents, err := c.ReadDir(ctx, dir, after, ReadDirPage)
@@ -353,6 +356,7 @@ func (c *Client) ReadDirAll(ctx context.Context, dir ids.Ino) ([]wire.DirEntry, 
 		}
 		all = append(all, ents...)
 		if len(ents) < ReadDirPage {
+			wire.SortByName(all)
 			return all, nil
 		}
 		after = ents[len(ents)-1].Off

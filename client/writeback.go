@@ -328,10 +328,7 @@ func (c *Client) removedWhileDirty(ino ids.Ino, f *dirtyFile, err error) bool {
 	if !gone(err) {
 		return false
 	}
-	c.behind.mu.Lock()
-	lost := c.behind.lost[ino]
-	c.behind.mu.Unlock()
-	if lost {
+	if c.behind.isLost(ino) {
 		return false // never made at the server (createBehind): the writes fail
 	}
 	c.log.Debug("buffered changes of a removed file dropped", "ino", ino, "bytes", f.bytes)
@@ -581,6 +578,11 @@ func (c *Client) reclaim(ctx context.Context) {
 		files[ino] = f
 	}
 	c.wb.mu.Unlock()
+	reclaim := func(ctx context.Context, ino ids.Ino, f *dirtyFile) {
+		c.reclaimFile(ctx, ino, f, nil)
+		c.wb.retire(ino, f)
+		f.mu.Unlock()
+	}
 	for ino, f := range files {
 		if c.behind.busy(ino) {
 			// a file created behind the caller, its create perhaps in
@@ -589,18 +591,11 @@ func (c *Client) reclaim(ctx context.Context) {
 			go func() {
 				c.behind.wait(ino)
 				f.mu.Lock()
-				defer f.mu.Unlock()
-				c.reclaimFile(context.Background(), ino, f, nil)
-				c.wb.retire(ino, f)
+				reclaim(context.Background(), ino, f)
 			}()
-			continue
+		} else if f.mu.TryLock() {
+			reclaim(ctx, ino, f)
 		}
-		if !f.mu.TryLock() {
-			continue
-		}
-		c.reclaimFile(ctx, ino, f, nil)
-		c.wb.retire(ino, f)
-		f.mu.Unlock()
 	}
 }
 

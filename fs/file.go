@@ -3,8 +3,6 @@ package fs
 import (
 	"context"
 	"math"
-	"slices"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -171,13 +169,9 @@ func (d *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 		return 0
 	}
 	if d.snap == nil {
-		ents, ok := d.n.c.CachedListing(d.n.ino())
-		if !ok {
-			var err error
-			if ents, err = d.n.c.ReadDirAll(ctx, d.n.ino()); err != nil {
-				return toErrno(err)
-			}
-			slices.SortFunc(ents, func(a, b wire.DirEntry) int { return strings.Compare(a.Name, b.Name) })
+		ents, err := d.n.c.ListingByName(ctx, d.n.ino())
+		if err != nil {
+			return toErrno(err)
 		}
 		d.snap = inNameOrder(ents)
 	}

@@ -498,7 +498,6 @@ func (s *Server) purgeUnlock(ino ids.Ino) {
 	}
 }
 
-// removed purges an inode that lost its last link, unless it is open.
 // receiving notes a client's progress on a big request still arriving
 // (a flush a revocation waits for: see lockMgr.deliveryContext).
 func (s *Server) receiving(client ids.ClientID, partial []byte) {
@@ -515,6 +514,7 @@ func (s *Server) unopened(ino ids.Ino) bool {
 	return s.opens[ino] == 0
 }
 
+// removed purges an inode that lost its last link, unless it is open.
 func (s *Server) removed(a *Attr) {
 	if a == nil || a.Nlink > 0 || a.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 		return

@@ -228,13 +228,14 @@ func (s *Store) mknod(parent ids.Ino, name string, mode, uid, gid, rdev uint32, 
 	if err := checkName(name); err != nil {
 		return Attr{}, err
 	}
+	chosen := ino != 0 // by a client, from numbers AllocInos handed it
 	var err error
 	switch {
-	case ino != 0 && s.onAlloc != nil:
+	case chosen && s.onAlloc != nil:
 		return Attr{}, wire.Errf(wire.CodeInvalid, "a cluster server makes its new inodes' numbers itself")
-	case ino != 0 && !s.handedOut(ino):
+	case chosen && !s.handedOut(ino):
 		return Attr{}, wire.Errf(wire.CodeInvalid, "%v was not handed out by this server", ino)
-	case ino == 0:
+	case !chosen:
 		ino, err = s.allocIno() // outside the transaction: a retry must not allocate again
 		if err != nil {
 			return Attr{}, err
@@ -261,9 +262,11 @@ func (s *Store) mknod(parent ids.Ino, name string, mode, uid, gid, rdev uint32, 
 		if exists {
 			return errExists
 		}
-		if used, err := tx.get(tx.key(recAttr, ino, nil), nil); err != nil || used {
-			// a number handed out once (CreateAs): never made twice
-			return cmp.Or(err, wire.Errf(wire.CodeInvalid, "%v exists already", ino))
+		if chosen {
+			// a number handed out once: never made twice
+			if used, err := tx.get(tx.key(recAttr, ino, nil), nil); err != nil || used {
+				return cmp.Or(err, wire.Errf(wire.CodeInvalid, "%v exists already", ino))
+			}
 		}
 		typ := modeType(mode)
 		if dir.Mode&syscall.S_ISGID != 0 { // BSD group semantics of setgid directories

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/leasefs/leasefs/internal/ids"
 )
@@ -219,6 +221,12 @@ type DirEntry struct {
 	Ino  ids.Ino
 	Mode uint32
 	Off  uint64
+}
+
+// SortByName puts entries in name order: the order of a listing a client
+// serves from its cache, whose offsets number its places in that order.
+func SortByName(ents []DirEntry) {
+	slices.SortFunc(ents, func(a, b DirEntry) int { return strings.Compare(a.Name, b.Name) })
 }
 
 // LockMode is a data lock mode.
