@@ -760,7 +760,7 @@ func (c *Client) Close() error {
 	c.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c.FlushAll(ctx)
+	_ = c.FlushAll(ctx) // each failure is logged
 	for _, cn := range c.live() {
 		c.mu.Lock()
 		open := cn.hasSession()

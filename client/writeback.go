@@ -534,8 +534,9 @@ func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Requ
 	return firstErr
 }
 
-// FlushAll flushes every dirty file, after the removals sent behind.
-func (c *Client) FlushAll(ctx context.Context) {
+// FlushAll flushes every dirty file, after the changes sent behind the
+// caller; it returns the first failure, after trying every file.
+func (c *Client) FlushAll(ctx context.Context) error {
 	c.behind.waitAll()
 	c.wb.mu.Lock()
 	inos := make([]ids.Ino, 0, len(c.wb.files))
@@ -543,11 +544,14 @@ func (c *Client) FlushAll(ctx context.Context) {
 		inos = append(inos, ino)
 	}
 	c.wb.mu.Unlock()
+	var first error
 	for _, ino := range inos {
 		if err := c.Flush(ctx, ino); err != nil {
 			c.log.Warn("flush of buffered writes failed", "ino", ino, "err", err)
+			first = cmp.Or(first, fmt.Errorf("flush of inode %v: %w", ino, err))
 		}
 	}
+	return first
 }
 
 // flushOld flushes files dirty for longer than flushAge, so a crash of this

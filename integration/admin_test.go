@@ -1,7 +1,11 @@
 package integration
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -38,8 +42,8 @@ func mountClient(t *testing.T, m *mount) (id string, recoveries int64) {
 
 // mountCounters are counters of a mount's client (client.Stats).
 type mountCounters struct {
-	Recoveries, NacksReceived, Redirects, DataLost, RemovedBehind, CreatedBehind, BehindBatches int64
-	Servers                                                                                     int
+	Recoveries, NacksReceived, Redirects, DataLost, RemovedBehind, CreatedBehind, BehindBatches, DirtyBytes int64
+	Servers                                                                                                 int
 }
 
 // mountStats returns a mount's client id and counters.
@@ -196,4 +200,86 @@ func statusPage(t *testing.T, url, idA, idB string) {
 	} else {
 		t.Logf("screenshot: %s (%d bytes)", shot, st.Size())
 	}
+}
+
+// TestMountSync: `leasefs admin --mount M sync` returns once everything the
+// mount buffered is at the server: a mount killed right after it (no
+// unmount, so no flush of its own) lost nothing. What it had buffered, all
+// under X locks: a file created behind the caller, writes to a file another
+// process holds open, and a change of times of a closed file (tar's utimes).
+func TestMountSync(t *testing.T) {
+	s := startServer(t)
+	// a's packets take 20 ms: what it sends behind is still on its way
+	// when the sync starts
+	a, b := startMount(t, s, "--faults", "delay=20ms"), startMount(t, s)
+	d := filepath.Join(a.dir, "d")
+	must(t, os.Mkdir(d, 0o755)) // a's, under X, its entries known
+	_, before := mountStats(t, a)
+	f, err := os.OpenFile(filepath.Join(d, "empty"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	must(t, err)
+	must(t, f.Close())
+	must(t, os.WriteFile(filepath.Join(d, "stamped"), []byte("tar"), 0o644))
+	stamp := time.Date(2009, 11, 10, 23, 0, 0, 0, time.UTC)
+	must(t, os.Chtimes(filepath.Join(d, "stamped"), stamp, stamp))
+	// Another process writes and keeps the file open: a close of any copy
+	// of the descriptor flushes the file, and this test process starts
+	// processes (admin), whose copies close at exec.
+	holder := exec.Command(os.Args[0], "-test.run=^TestMountSyncHolder$")
+	holder.Env = append(os.Environ(), "LEASEFS_SYNC_HOLD="+filepath.Join(d, "open"))
+	stdin, err := holder.StdinPipe()
+	must(t, err)
+	stdout, err := holder.StdoutPipe()
+	must(t, err)
+	must(t, holder.Start())
+	t.Cleanup(func() { stdin.Close(); _ = holder.Process.Kill(); _ = holder.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "written\n" {
+		t.Fatalf("holder: %q %v", line, err)
+	}
+	_, st := mountStats(t, a)
+	if n := st.CreatedBehind - before.CreatedBehind; n < 3 {
+		t.Fatalf("%d creates went behind, want 3", n)
+	}
+	if st.DirtyBytes != int64(len(syncHeld)) {
+		t.Fatalf("%d bytes buffered before the sync, want %d", st.DirtyBytes, len(syncHeld))
+	}
+
+	admin(t, "--mount", a.dir, "sync")
+	if _, st := mountStats(t, a); st.DirtyBytes != 0 {
+		t.Fatalf("%d bytes still buffered after the sync", st.DirtyBytes)
+	}
+	a.kill() // within flushAge of the writes: the mount flushed nothing itself
+
+	got, err := os.ReadFile(filepath.Join(b.dir, "d", "open"))
+	must(t, err)
+	if !bytes.Equal(got, syncHeld) {
+		t.Fatalf("the open file holds %d bytes at the server, want the %d written before the sync", len(got), len(syncHeld))
+	}
+	fi, err := os.Stat(filepath.Join(b.dir, "d", "stamped"))
+	must(t, err)
+	if !fi.ModTime().Equal(stamp) {
+		t.Fatalf("mtime %v at the server, want %v", fi.ModTime(), stamp)
+	}
+	if _, err := os.Stat(filepath.Join(b.dir, "d", "empty")); err != nil {
+		t.Fatalf("the file created behind is not at the server: %v", err)
+	}
+}
+
+var syncHeld = bytes.Repeat([]byte("buffered "), 20000)
+
+// TestMountSyncHolder is TestMountSync's writer process: it writes
+// syncHeld to $LEASEFS_SYNC_HOLD, says so, and keeps the file open until
+// its stdin closes.
+func TestMountSyncHolder(t *testing.T) {
+	path := os.Getenv("LEASEFS_SYNC_HOLD")
+	if path == "" {
+		t.Skip("run by TestMountSync")
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	must(t, err)
+	_, err = f.Write(syncHeld)
+	must(t, err)
+	fmt.Println("written")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	_ = f.Close()
 }

@@ -3,16 +3,11 @@ package main
 // leasefs admin: reads a server's admin endpoint (serve --admin) or a
 // mount's status socket and prints tables.
 //
-// A mount serves its status as JSON over HTTP on a unix socket at
-// MountSocket(mountpoint): $TMPDIR/leasefs-<first 16 hex digits of the
-// SHA-256 of the absolute mountpoint>.sock, mode 0600, removed on exit.
-// The mountpoint is not resolved through symlinks, so that asking a hung
-// mount for its status never touches the mount itself.
+// A mount serves its status as JSON over HTTP on a unix socket
+// (mountsock.Path of its mountpoint), and takes a sync request there.
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,7 +17,6 @@ import (
 	"net/http/pprof"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -30,6 +24,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/leasefs/leasefs/client"
+	"github.com/leasefs/leasefs/internal/mountsock"
 	"github.com/leasefs/leasefs/metaserver"
 	"github.com/leasefs/leasefs/transport"
 )
@@ -52,16 +47,6 @@ func startAdmin(srv *metaserver.Server) error {
 	return err
 }
 
-// MountSocket is where the mount at mountpoint serves its status.
-func MountSocket(mountpoint string) string {
-	abs, err := filepath.Abs(mountpoint)
-	if err != nil {
-		abs = mountpoint
-	}
-	sum := sha256.Sum256([]byte(filepath.Clean(abs)))
-	return filepath.Join(os.TempDir(), "leasefs-"+hex.EncodeToString(sum[:8])+".sock")
-}
-
 // mountStatus is what a mount reports.
 type mountStatus struct {
 	Mountpoint string       `json:"mountpoint"`
@@ -72,10 +57,11 @@ type mountStatus struct {
 	Stats      client.Stats `json:"stats"`
 }
 
-// serveMountStatus serves c's status on MountSocket(mountpoint) until the
+// serveMountStatus serves c's status, and takes sync requests, on
+// mountsock.Path(mountpoint) until the
 // returned stop is called. A failure only logs: the mount works without it.
 func serveMountStatus(c *client.Client, mountpoint string, log *slog.Logger) (stop func()) {
-	path := MountSocket(mountpoint)
+	path := mountsock.Path(mountpoint)
 	_ = os.Remove(path) // a stale socket of a killed mount
 	ln, err := net.Listen("unix", path)
 	if err != nil {
@@ -91,6 +77,18 @@ func serveMountStatus(c *client.Client, mountpoint string, log *slog.Logger) (st
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(mountStatus{Mountpoint: mountpoint, Server: c.Server(), Client: c.ID().String(),
 			Session: st.Session.String(), Pid: os.Getpid(), Stats: st})
+	})
+	// A sync sends everything the mount buffered (writes, attribute
+	// changes, creates and removals sent behind the caller) to the server
+	// and answers once it is there: sync(2) cannot ask a FUSE file system
+	// for that (the kernel sends FUSE_SYNCFS to virtiofs only).
+	mux.HandleFunc("POST /sync", func(w http.ResponseWriter, r *http.Request) {
+		if err := c.FlushAll(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]int64{"dirty_bytes": c.Stats().DirtyBytes})
 	})
 	// Profiles of the mount process, for the owner of the socket only
 	// (curl --unix-socket SOCKET http://x/debug/pprof/profile).
@@ -118,7 +116,9 @@ func runAdmin(argv []string) error {
 			"  checksum        hash of every replicated record: equal on servers whose replicas agree\n"+
 			"  evict CLIENT    fail CLIENT now: it gets NACKs, its locks are stolen after τ(1+δ)\n"+
 			"Mount commands:\n"+
-			"  status          session, lease time left, cache size, locks, counters")
+			"  status          session, lease time left, cache size, locks, counters\n"+
+			"  sync            send what the mount buffered (writes, attribute changes, creates and removals\n"+
+			"                  sent behind the caller) to the server now, and wait until it is there")
 	var server, mount, tokenFile string
 	var asJSON bool
 	fs.StringVar(&server, "server", "", "the server's admin endpoint HOST:PORT (serve --admin)")
@@ -136,15 +136,22 @@ func runAdmin(argv []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if mount != "" {
-		if args[0] != "status" || len(args) != 1 {
-			return fmt.Errorf("a mount answers only: status")
+		if (args[0] != "status" && args[0] != "sync") || len(args) != 1 {
+			return fmt.Errorf("a mount answers only: status, sync")
 		}
 		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", MountSocket(mount))
+			return (&net.Dialer{}).DialContext(ctx, "unix", mountsock.Path(mount))
 		}}}
+		if args[0] == "sync" {
+			// as long as the server takes to store it: no timeout (^C stops waiting)
+			if _, err := fetch(context.Background(), hc, "POST", "http://mount/sync", ""); err != nil {
+				return fmt.Errorf("mount %s (socket %s): %w", mount, mountsock.Path(mount), err)
+			}
+			return nil
+		}
 		body, err := fetch(ctx, hc, "GET", "http://mount/status", "")
 		if err != nil {
-			return fmt.Errorf("mount %s (socket %s): %w", mount, MountSocket(mount), err)
+			return fmt.Errorf("mount %s (socket %s): %w", mount, mountsock.Path(mount), err)
 		}
 		return show(os.Stdout, body, asJSON, printMount)
 	}
