@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -282,4 +284,28 @@ func TestMountSyncHolder(t *testing.T) {
 	fmt.Println("written")
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	_ = f.Close()
+}
+
+// TestMountCPUs: a mount uses the CPUs --cpus gives it, by default half
+// the machine's (at least 1), or GOMAXPROCS from the environment.
+func TestMountCPUs(t *testing.T) {
+	s := startServer(t)
+	cpus := func(m *mount) int {
+		var st struct{ CPUs int }
+		out := admin(t, "--mount", m.dir, "status", "--json")
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("mount status: %v\n%s", err, out)
+		}
+		return st.CPUs
+	}
+	if n := cpus(startMount(t, s, "--cpus", "3")); n != 3 {
+		t.Errorf("--cpus 3: the mount uses %d", n)
+	}
+	want := max(1, runtime.GOMAXPROCS(0)/2) // this process's default is the mount's
+	if env := os.Getenv("GOMAXPROCS"); env != "" {
+		want, _ = strconv.Atoi(env)
+	}
+	if n := cpus(startMount(t, s)); n != want {
+		t.Errorf("by default the mount uses %d CPUs, want %d", n, want)
+	}
 }

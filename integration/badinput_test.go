@@ -87,6 +87,7 @@ func TestBadFlags(t *testing.T) {
 		{"serve", "--data", t.TempDir(), "--client-lease", "-1s"},
 		{"serve", "--data", t.TempDir(), "--bogus"},
 		{"mount", "--server", "x:1"}, // no token, no mountpoint
+		{"mount", "--server", "x:1", "--token", "x", "--cpus", "-1", t.TempDir()},
 		{"nosuchcommand"},
 	} {
 		out, err := exec.Command(binary, args...).CombinedOutput()

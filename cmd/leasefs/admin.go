@@ -17,6 +17,7 @@ import (
 	"net/http/pprof"
 	"net/url"
 	"os"
+	"runtime"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -54,6 +55,7 @@ type mountStatus struct {
 	Client     string       `json:"client"`
 	Session    string       `json:"session"`
 	Pid        int          `json:"pid"`
+	CPUs       int          `json:"cpus"` // GOMAXPROCS (mount --cpus)
 	Stats      client.Stats `json:"stats"`
 }
 
@@ -76,7 +78,7 @@ func serveMountStatus(c *client.Client, mountpoint string, log *slog.Logger) (st
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(mountStatus{Mountpoint: mountpoint, Server: c.Server(), Client: c.ID().String(),
-			Session: st.Session.String(), Pid: os.Getpid(), Stats: st})
+			Session: st.Session.String(), Pid: os.Getpid(), CPUs: runtime.GOMAXPROCS(0), Stats: st})
 	})
 	// A sync sends everything the mount buffered (writes, attribute
 	// changes, creates and removals sent behind the caller) to the server
@@ -388,7 +390,7 @@ func printMount(w io.Writer, body []byte) error {
 		fmt.Fprintf(tw, "server\t%s (sessions with %d)\n", ms.Server, st.Servers)
 		fmt.Fprintf(tw, "client\t%s\n", ms.Client)
 		fmt.Fprintf(tw, "session\t%s\n", ms.Session)
-		fmt.Fprintf(tw, "pid\t%d\n", ms.Pid)
+		fmt.Fprintf(tw, "pid, cpus\t%d, %d\n", ms.Pid, ms.CPUs)
 		fmt.Fprintf(tw, "lease left\t%v\n", st.LeaseLeft.Round(time.Millisecond))
 		fmt.Fprintf(tw, "cached inodes\t%d (hits %d, misses %d)\n", st.CachedInodes, st.Hits, st.Misses)
 		fmt.Fprintf(tw, "cached data\t%d KiB (buffered writes %d KiB)\n", st.CachedDataBytes>>10, st.DirtyBytes>>10)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	rtdebug "runtime/debug"
 	"syscall"
 	"time"
@@ -33,6 +34,7 @@ func runMount(argv []string) error {
 	fs.DurationVar(&cfg.SoftTimeout, "soft-timeout", 0, "fail operations with EIO after the server was unreachable this long (0: block until it returns, like NFS hard)")
 	fs.DurationVar(&cfg.DialTimeout, "dial-timeout", cfg.DialTimeout, "how long to try to reach the server at mount time")
 	cacheMiB := fs.Int64("cache-mib", cfg.CacheBytes>>20, "file data this mount keeps in memory while it holds the files' data locks, in MiB (0: none)")
+	cpus := fs.Int("cpus", 0, "CPUs the mount's own work may use at once (Go's GOMAXPROCS); 0: half of this machine's, at least 1,\nleaving the rest to the applications it serves (or GOMAXPROCS from the environment)")
 	fs.BoolVar(&debug, "fuse-debug", false, "log every FUSE request")
 	fs.StringVar(&faults, "faults", "", "inject transport faults (testing only)")
 	_ = fs.MarkHidden("faults")
@@ -53,6 +55,10 @@ func runMount(argv []string) error {
 		return errors.New("--cache-mib must not be negative")
 	}
 	cfg.CacheBytes = *cacheMiB << 20
+	if *cpus < 0 {
+		return errors.New("--cpus must not be negative")
+	}
+	setMountCPUs(*cpus)
 	if os.Getenv("GOMEMLIMIT") == "" {
 		// Collect before the heap doubles past the caches: full caches are
 		// live data, and the default GOGC would let the process grow to
@@ -88,6 +94,24 @@ func runMount(argv []string) error {
 		}
 	}
 	return mountAndServe(cfg, fs.Arg(0), lfs.MountOptions{Debug: debug}, log)
+}
+
+// setMountCPUs sets the mount's GOMAXPROCS: n, or by default half the
+// CPUs Go would use (at least 1) unless GOMAXPROCS is set. A mount serves
+// applications on the same machine; its work per request is short and
+// handed between goroutines (FUSE reader, QUIC connection, sender), and
+// with a P per CPU each hand-off may wake an idle thread that then spins
+// for work, on the CPUs the applications need. Measured on 2 CPUs shared
+// with the application and the server: create −20 %, append −5 %, and
+// sequential write and read no slower, with 1 instead of 2.
+func setMountCPUs(n int) {
+	if n == 0 {
+		if os.Getenv("GOMAXPROCS") != "" {
+			return
+		}
+		n = max(1, runtime.GOMAXPROCS(0)/2)
+	}
+	runtime.GOMAXPROCS(n)
 }
 
 // mountAndServe connects, mounts and serves until unmount or signal.
