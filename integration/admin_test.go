@@ -1,11 +1,8 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
-	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -226,18 +223,7 @@ func TestMountSync(t *testing.T) {
 	// Another process writes and keeps the file open: a close of any copy
 	// of the descriptor flushes the file, and this test process starts
 	// processes (admin), whose copies close at exec.
-	holder := exec.Command(os.Args[0], "-test.run=^TestMountSyncHolder$")
-	holder.Env = append(os.Environ(), "LEASEFS_SYNC_HOLD="+filepath.Join(d, "open"))
-	stdin, err := holder.StdinPipe()
-	must(t, err)
-	stdout, err := holder.StdoutPipe()
-	must(t, err)
-	must(t, holder.Start())
-	t.Cleanup(func() { stdin.Close(); _ = holder.Process.Kill(); _ = holder.Wait() })
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || line != "written\n" {
-		t.Fatalf("holder: %q %v", line, err)
-	}
+	startHelper(t, "TestMountSyncHolder", filepath.Join(d, "open"), "written")
 	_, st := mountStats(t, a)
 	if n := st.CreatedBehind - before.CreatedBehind; n < 3 {
 		t.Fatalf("%d creates went behind, want 3", n)
@@ -270,10 +256,10 @@ func TestMountSync(t *testing.T) {
 var syncHeld = bytes.Repeat([]byte("buffered "), 20000)
 
 // TestMountSyncHolder is TestMountSync's writer process: it writes
-// syncHeld to $LEASEFS_SYNC_HOLD, says so, and keeps the file open until
-// its stdin closes.
+// syncHeld to the file its argument names and keeps it open until its test
+// is done.
 func TestMountSyncHolder(t *testing.T) {
-	path := os.Getenv("LEASEFS_SYNC_HOLD")
+	path := helperArg()
 	if path == "" {
 		t.Skip("run by TestMountSync")
 	}
@@ -281,8 +267,7 @@ func TestMountSyncHolder(t *testing.T) {
 	must(t, err)
 	_, err = f.Write(syncHeld)
 	must(t, err)
-	fmt.Println("written")
-	_, _ = io.Copy(io.Discard, os.Stdin)
+	helperWait("written")
 	_ = f.Close()
 }
 

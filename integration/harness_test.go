@@ -24,6 +24,9 @@ import (
 var binary string // the leasefs binary built once for all tests
 
 func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(m.Run()) // a helper process (startHelper) needs no leasefs binary
+	}
 	dir, err := os.MkdirTemp("", "leasefs-bin")
 	if err != nil {
 		panic(err)
@@ -38,6 +41,52 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// helperEnv holds a helper process's argument (startHelper).
+const helperEnv = "LEASEFS_TEST_HELPER"
+
+// startHelper runs the test function named test in a process of its own
+// (this test binary again), with arg in $LEASEFS_TEST_HELPER, and returns
+// once the helper printed its first line, ready. Cleanup closes the
+// helper's stdin, which tells it to finish, and waits for it (killing it
+// after 10 s).
+func startHelper(t testing.TB, test, arg, ready string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.timeout=0")
+	cmd.Env = append(os.Environ(), helperEnv+"="+arg)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	must(t, err)
+	stdout, err := cmd.StdoutPipe()
+	must(t, err)
+	must(t, cmd.Start())
+	t.Cleanup(func() {
+		stdin.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	})
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != ready+"\n" {
+		t.Fatalf("helper %s: %q %v", test, line, err)
+	}
+}
+
+// helperArg is the argument of a helper process startHelper started, or
+// "" in an ordinary test run (the helper's test function then skips).
+// After its work the helper prints ready and waits for its stdin to close.
+func helperArg() string { return os.Getenv(helperEnv) }
+
+// helperWait is a helper's last step: it says ready and waits until the
+// test that started it is done with it.
+func helperWait(ready string) {
+	fmt.Println(ready)
+	_, _ = io.Copy(io.Discard, os.Stdin)
 }
 
 func requireFUSE(t testing.TB) {
