@@ -162,6 +162,9 @@ func (n *Node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 		return toErrno(err)
 	}
 	fillAttr(a, &out.Attr)
+	// as long as Getattr's: without it the kernel asked for the attributes
+	// again at the next change (tar: utimes, then GETATTR, then chown)
+	out.SetTimeout(n.c.AttrTTL(a.Ino))
 	return 0
 }
 

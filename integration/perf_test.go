@@ -28,8 +28,8 @@ import (
 // LEASEFS_PERF_FULL=1 uses the full sizes). Each workload runs on a
 // leasefs mount (server data directory on tmpfs) and on go-fuse's loopback
 // over a tmpfs directory with FUSE passthrough off (each served by a process
-// of its own), in the same run; the
-// ratio is loopback time / leasefs time, so 1.0 is the FUSE limit.
+// of its own), in the same run; the ratio is loopback time / leasefs time,
+// so 1.0 is the FUSE limit.
 
 // perfSizes scales the workloads.
 type perfSizes struct {
