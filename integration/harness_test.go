@@ -79,7 +79,6 @@ func startHelper(t testing.TB, test, arg, ready string) {
 
 // helperArg is the argument of a helper process startHelper started, or
 // "" in an ordinary test run (the helper's test function then skips).
-// After its work the helper prints ready and waits for its stdin to close.
 func helperArg() string { return os.Getenv(helperEnv) }
 
 // helperWait is a helper's last step: it says ready and waits until the

@@ -430,10 +430,9 @@ func startPerfLeasefs(t testing.TB) (*server, *mount) {
 // mountLoopback mounts go-fuse's loopback over a tmpfs directory, served by
 // a process of its own (TestLoopbackDaemon: this test binary started again)
 // as any FUSE file system is, leasefs's mount too. Served by the process
-// that also runs the workload, it was up to twice as fast for small
-// operations on this machine: a switch between threads of one process is
-// much cheaper here than one between processes, and the workload's
-// requests and the server's replies went back and forth without one.
+// that also runs the workloads, it was up to a third faster for small
+// operations on this machine, where a switch between threads of one
+// process costs much less than one between two processes.
 func mountLoopback(t testing.TB) string {
 	t.Helper()
 	requireFUSE(t)

@@ -60,8 +60,8 @@ type mountStatus struct {
 }
 
 // serveMountStatus serves c's status, and takes sync requests, on
-// mountsock.Path(mountpoint) until the
-// returned stop is called. A failure only logs: the mount works without it.
+// mountsock.Path(mountpoint) until the returned stop is called. A failure
+// only logs: the mount works without it.
 func serveMountStatus(c *client.Client, mountpoint string, log *slog.Logger) (stop func()) {
 	path := mountsock.Path(mountpoint)
 	_ = os.Remove(path) // a stale socket of a killed mount
