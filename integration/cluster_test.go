@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,15 +84,7 @@ func (c *testCluster) mount(t *testing.T, order []int, extra ...string) *mount {
 // checksum asks a server's admin endpoint for the checksum of its replica.
 func (s *clusterServer) checksum(t *testing.T) string {
 	t.Helper()
-	resp, err := http.Get("http://" + s.admin + "/api/checksum")
-	if err != nil {
-		t.Fatalf("server %d checksum: %v", s.id, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("server %d checksum: %s: %s", s.id, resp.Status, body)
-	}
+	body := s.adminGet(t, "/api/checksum")
 	var v struct{ Checksum string }
 	if err := json.Unmarshal(body, &v); err != nil || v.Checksum == "" {
 		t.Fatalf("server %d checksum: %q: %v", s.id, body, err)
@@ -99,23 +92,45 @@ func (s *clusterServer) checksum(t *testing.T) string {
 	return v.Checksum
 }
 
-// converged waits until every running server reports the same checksum.
+// adminGet returns the body of the server's admin endpoint path.
+func (s *clusterServer) adminGet(t *testing.T, path string) []byte {
+	t.Helper()
+	resp, err := http.Get("http://" + s.admin + path)
+	if err != nil {
+		t.Fatalf("server %d %s: %v", s.id, path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("server %d %s: %s: %s", s.id, path, resp.Status, body)
+	}
+	return bytes.TrimSpace(body)
+}
+
+// converged waits until every running server reports the same checksum,
+// and logs how long that took. If they do not agree within d it logs each
+// server's checksum and counters (anti-entropy rounds, inodes caught up),
+// so that a replica left behind can be told apart from one still changing.
 func (c *testCluster) converged(t *testing.T, d time.Duration) {
 	t.Helper()
-	var last []string
-	waitFor(t, d, "replicas to converge", func() bool {
-		last = last[:0]
-		for _, s := range c.servers {
-			last = append(last, s.checksum(t))
+	start := time.Now()
+	for {
+		sums := make([]string, len(c.servers))
+		for i, s := range c.servers {
+			sums[i] = s.checksum(t)
 		}
-		for _, sum := range last[1:] {
-			if sum != last[0] {
-				return false
+		if !slices.ContainsFunc(sums, func(sum string) bool { return sum != sums[0] }) {
+			t.Logf("replica checksums agree after %v: %s", time.Since(start).Round(time.Millisecond), sums[0])
+			return
+		}
+		if time.Since(start) > d {
+			for i, s := range c.servers {
+				t.Logf("server %d: checksum %s, counters %s", s.id, sums[i], s.adminGet(t, "/api/counters"))
 			}
+			t.Fatalf("timed out after %v waiting for replicas to converge", d)
 		}
-		return true
-	})
-	t.Logf("replica checksums agree: %s", last[0])
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // appender writes numbered records to path and fsyncs each; it remembers
