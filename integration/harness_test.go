@@ -265,11 +265,7 @@ func startMount(t testing.TB, s *server, extra ...string) *mount {
 // returns once that is there: leasefs admin --mount M sync, without
 // starting a process (the perf suite times it).
 func (m *mount) sync() error {
-	hc := http.Client{Transport: &http.Transport{DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", mountsock.Path(m.dir))
-		}}}
-	rep, err := hc.Post("http://mount/sync", "", nil)
+	rep, err := mountsock.Client(m.dir).Post("http://mount/sync", "", nil)
 	if err != nil {
 		return err
 	}

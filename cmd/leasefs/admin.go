@@ -141,9 +141,7 @@ func runAdmin(argv []string) error {
 		if (args[0] != "status" && args[0] != "sync") || len(args) != 1 {
 			return fmt.Errorf("a mount answers only: status, sync")
 		}
-		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", mountsock.Path(mount))
-		}}}
+		hc := mountsock.Client(mount)
 		if args[0] == "sync" {
 			// as long as the server takes to store it: no timeout (^C stops waiting)
 			if _, err := fetch(context.Background(), hc, "POST", "http://mount/sync", ""); err != nil {

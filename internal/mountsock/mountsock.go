@@ -9,8 +9,11 @@
 package mountsock
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 )
@@ -23,4 +26,14 @@ func Path(mountpoint string) string {
 	}
 	sum := sha256.Sum256([]byte(filepath.Clean(abs)))
 	return filepath.Join(os.TempDir(), "leasefs-"+hex.EncodeToString(sum[:8])+".sock")
+}
+
+// Client is an HTTP client whose every request goes to the socket of the
+// mount at mountpoint, whatever the URL's host.
+func Client(mountpoint string) *http.Client {
+	path := Path(mountpoint)
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		}}}
 }
