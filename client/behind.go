@@ -18,12 +18,11 @@ import (
 // removals in it either: its sender sends it once they reached the server.
 // (Creates go the same way: createbehind.go.) Everything that could observe
 // the removal waits for it to reach the server first: any request naming the
-// directory or the
-// removed inode (a listing, a create or rename there, a stat of the removed
-// file), a lookup of the removed name, a revocation of either lock, fsync,
-// close of the mount. The request says which inode it removes
-// (wire.RemoveIfIno), so a resend after a NACK never removes a file created
-// under that name since. A removal that fails at the server (it should not,
+// directory or the removed inode (a listing, a create or rename there, a
+// stat of the removed file), a lookup of the removed name, a revocation of
+// either lock, fsync, close of the mount. The request says which inode it
+// removes (wire.RemoveIfIno), so a resend after a NACK never removes a file
+// created under that name since. A removal that fails at the server (it should not,
 // under the lock) is logged and the directory read again.
 
 // maxBehind bounds the removals in flight: more wait for a slot. Two
@@ -108,7 +107,7 @@ func (b *behind) done(dir, child ids.Ino, name string) {
 	b.cond.Broadcast()
 }
 
-// wait returns once no removal of or in any of inos is in flight.
+// wait returns once no change of or in any of inos is in flight.
 func (b *behind) wait(inos ...ids.Ino) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -147,7 +146,7 @@ func (b *behind) pending(inos []ids.Ino) bool {
 	return false
 }
 
-// waitEmptied returns once no removal from dir is in flight.
+// waitEmptied returns once no change in dir is in flight.
 func (b *behind) waitEmptied(dir ids.Ino) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -165,7 +164,7 @@ func (b *behind) waitName(dir ids.Ino, name string) {
 	}
 }
 
-// waitAll returns once no removal is in flight.
+// waitAll returns once no change is in flight.
 func (b *behind) waitAll() {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -207,12 +207,9 @@ func statusPage(t *testing.T, url, idA, idB string) {
 // under X locks: a file created behind the caller, writes to a file another
 // process holds open, and a change of times of a closed file (tar's utimes).
 func TestMountSync(t *testing.T) {
-	s := startServer(t)
 	// a's packets take 20 ms: what it sends behind is still on its way
 	// when the sync starts
-	a, b := startMount(t, s, "--faults", "delay=20ms"), startMount(t, s)
-	d := filepath.Join(a.dir, "d")
-	must(t, os.Mkdir(d, 0o755)) // a's, under X, its entries known
+	a, b, d := behindMounts(t, startServer(t), "delay=20ms")
 	_, before := mountStats(t, a)
 	f, err := os.OpenFile(filepath.Join(d, "empty"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	must(t, err)

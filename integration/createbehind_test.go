@@ -9,17 +9,25 @@ import (
 	"testing"
 )
 
+// behindMounts starts a mount whose packets the faults delay and a plain
+// one on s, and makes directory d through the first: it holds d's X lock
+// and knows its entries, so what it changes there goes behind the caller.
+func behindMounts(t *testing.T, s *server, faults string) (a, b *mount, d string) {
+	t.Helper()
+	a, b = startMount(t, s, "--faults", faults), startMount(t, s)
+	d = filepath.Join(a.dir, "d")
+	must(t, os.Mkdir(d, 0o755))
+	return a, b, d
+}
+
 // TestCreateBehind: under a directory's X lock a mount creates files
 // without waiting for the server, and whatever could see a file sees it
 // with what was written to it: another mount's listing and reads, a name
 // removed and created again at once, a tree untarred through the mount.
 func TestCreateBehind(t *testing.T) {
-	s := startServer(t)
 	// a's packets take 0-20 ms, so that what a sends behind can be
 	// overtaken by what it sends after
-	a, b := startMount(t, s, "--faults", "jitter=20ms,reorder=0.2"), startMount(t, s)
-	d := filepath.Join(a.dir, "d")
-	must(t, os.Mkdir(d, 0o755)) // a's, under X, its entries known
+	a, b, d := behindMounts(t, startServer(t), "jitter=20ms,reorder=0.2")
 	_, before := mountStats(t, a)
 	const files = 200
 	for i := range files {
@@ -91,9 +99,7 @@ func TestCreateBehindNack(t *testing.T) {
 	s := startServer(t, "--admin", adminAddr, "--client-lease", "1s", "--delivery-timeout", "100ms")
 	// m's packets take 100 ms: the create is still on its way when the
 	// server fails m, so the NACK answers the very request carrying it
-	m, other := startMount(t, s, "--faults", "delay=100ms"), startMount(t, s)
-	d := filepath.Join(m.dir, "d")
-	must(t, os.Mkdir(d, 0o755))
+	m, other, d := behindMounts(t, s, "delay=100ms")
 	id, _ := mountClient(t, m)
 	f, err := os.OpenFile(filepath.Join(d, "f"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 	must(t, err)
