@@ -164,7 +164,7 @@ func (s *Server) withChild(ctx context.Context, sess *session, parent ids.Ino, n
 // the name still names it (namesOther). That spares rm -rf two of the
 // store reads per file.
 func (s *Server) removal(ctx context.Context, sess *session, r *wire.Request, fn func() *wire.Reply) *wire.Reply {
-	if r.Flags&wire.RemoveIfIno != 0 && r.Ino != 0 {
+	if sentBehind(r) && r.Ino != 0 {
 		return s.underLocks(ctx, sess, exclusive(r.Ino, r.Parent), fn)
 	}
 	return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, fn)
