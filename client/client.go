@@ -157,8 +157,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	go c.renewLoop()
 	go c.kernelLoop()
 	// inode numbers for the first creates behind the caller
-	c.inos.refilling = true
-	go c.refillInos()
+	c.inos.mu.Lock()
+	c.askInosLocked()
+	c.inos.mu.Unlock()
 	return c, nil
 }
 

@@ -48,9 +48,8 @@ func (c *Client) takeIno() (ids.Ino, bool) {
 	for _, r := range p.ranges {
 		left += int(r[1] - r[0])
 	}
-	if left < inoRange/4 && !p.refilling {
-		p.refilling = true
-		go c.refillInos()
+	if left < inoRange/4 {
+		c.askInosLocked()
 	}
 	if left == 0 {
 		return 0, false
@@ -71,8 +70,14 @@ func (c *Client) resetInos() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.ranges, p.refused = nil, false
-	if !p.refilling {
-		p.refilling = true
+	c.askInosLocked()
+}
+
+// askInosLocked asks the server for more numbers unless that is under way;
+// called with c.inos.mu held.
+func (c *Client) askInosLocked() {
+	if !c.inos.refilling {
+		c.inos.refilling = true
 		go c.refillInos()
 	}
 }
