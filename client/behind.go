@@ -29,6 +29,14 @@ import (
 // batches' worth: one fills while the other is at the server.
 const maxBehind = 2 * wire.MaxBatch
 
+// createHold is how long a create sent behind may wait in its queue before
+// it is sent: long enough for the usual create, write, close of a small
+// file (tar, cp, an editor's save), whose flush then takes the create along
+// in its own batch (Client.flushWithCreate): one round trip and one server
+// request per file instead of two. Whatever needs the create sooner (a
+// flush, a lookup, a revocation: every wait) sends it at once.
+const createHold = 20 * time.Millisecond
+
 type behind struct {
 	mu    sync.Mutex
 	cond  sync.Cond
@@ -39,10 +47,16 @@ type behind struct {
 	// lost holds files whose create sent behind failed at the server:
 	// what was written to them must fail, not pass for a removed file's
 	lost map[ids.Ino]bool
-	// queued holds removals not yet sent, per directory; a directory with
-	// an entry has a sender (sendBehind) running, which sends what queued
-	// up while its last batch was at the server as the next batch.
-	queued map[ids.Ino][]*wire.Request
+	// queued holds changes not yet sent, per directory. A directory in
+	// sending has a batch at the server (sent by its sender, sendBehind,
+	// which sends what queued up meanwhile as the next batch, or by a
+	// flush); one that is not is held (createHold), until holdTimer or a
+	// wait starts its sender.
+	queued    map[ids.Ino][]*wire.Request
+	sending   map[ids.Ino]bool
+	holdTimer *time.Timer
+	holding   bool              // holdTimer runs
+	send      func(dir ids.Ino) // Client.sendBehind
 }
 
 type dirName struct {
@@ -50,19 +64,135 @@ type dirName struct {
 	name string
 }
 
-func (b *behind) init() {
+func (b *behind) init(send func(dir ids.Ino)) {
+	b.send = send
+	b.holdTimer = time.AfterFunc(time.Hour, b.release)
+	b.holdTimer.Stop()
 	b.cond.L = &b.mu
 	b.inos = map[ids.Ino]int{}
 	b.names = map[dirName]int{}
 	b.in = map[ids.Ino]int{}
 	b.lost = map[ids.Ino]bool{}
 	b.queued = map[ids.Ino][]*wire.Request{}
+	b.sending = map[ids.Ino]bool{}
+}
+
+// queue queues a started change of dir (start). It is sent at once if a
+// batch of dir's is not at the server already (then it goes in the next),
+// unless hold: then it waits up to createHold for a flush to take it along
+// or for more to fill the batch.
+func (b *behind) queue(dir ids.Ino, req *wire.Request, hold bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.queued[dir] = append(b.queued[dir], req)
+	switch {
+	case b.sending[dir]:
+	case hold && len(b.queued[dir]) < wire.MaxBatch:
+		if !b.holding {
+			// not pushed back by later creates: none waits longer
+			b.holding = true
+			b.holdTimer.Reset(createHold)
+		}
+	default:
+		b.startLocked(dir)
+	}
+}
+
+// startLocked starts dir's sender; called with b.mu held, dir not sending.
+func (b *behind) startLocked(dir ids.Ino) {
+	b.sending[dir] = true
+	go b.send(dir)
+}
+
+// releaseLocked starts the sender of every held queue: something waits for
+// a change, and which queue holds it need not be worked out.
+func (b *behind) releaseLocked() {
+	for dir := range b.queued {
+		if !b.sending[dir] {
+			b.startLocked(dir)
+		}
+	}
+}
+
+func (b *behind) release() {
+	b.mu.Lock()
+	b.holding = false
+	b.releaseLocked()
+	b.mu.Unlock()
+}
+
+// next takes dir's next batch for its sender, or ends the sender (false)
+// when none is queued.
+func (b *behind) next(dir ids.Ino) ([]*wire.Request, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q := b.queued[dir]
+	if len(q) == 0 {
+		delete(b.queued, dir)
+		delete(b.sending, dir)
+		return nil, false
+	}
+	n := min(len(q), wire.MaxBatch)
+	b.queued[dir] = q[n:]
+	return q[:n:n], true
+}
+
+// takeHeld takes the held queue that ends with the create of ino, if it
+// leaves room for extra more changes in its batch: the caller sends it, and
+// then calls sent. Only the last create of a queue: a queue holds nothing
+// the caller's changes would have to wait behind but what goes in their
+// batch before them.
+func (b *behind) takeHeld(ino ids.Ino, extra int) (ids.Ino, []*wire.Request, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inos[ino] == 0 {
+		return 0, nil, false
+	}
+	for dir, q := range b.queued {
+		if len(q) == 0 || b.sending[dir] {
+			continue
+		}
+		if last := q[len(q)-1]; last.Op == wire.OpCreate && last.Ino == ino && len(q)+extra <= wire.MaxBatch {
+			delete(b.queued, dir)
+			b.sending[dir] = true
+			if b.holding && !b.anyHeldLocked() {
+				// the next create's hold starts afresh
+				b.holdTimer.Stop()
+				b.holding = false
+			}
+			return dir, q, true
+		}
+	}
+	return 0, nil, false
+}
+
+func (b *behind) anyHeldLocked() bool {
+	for dir, q := range b.queued {
+		if len(q) > 0 && !b.sending[dir] {
+			return true
+		}
+	}
+	return false
+}
+
+// sent ends a batch of dir's a flush sent (takeHeld): what queued up
+// meanwhile goes now.
+func (b *behind) sent(dir ids.Ino) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.queued[dir]) > 0 {
+		go b.send(dir)
+	} else {
+		delete(b.queued, dir)
+		delete(b.sending, dir)
+	}
 }
 
 // reserve waits for a slot.
 func (b *behind) reserve() {
 	b.mu.Lock()
 	for b.total >= maxBehind {
+		b.releaseLocked()
 		b.cond.Wait()
 	}
 	b.total++
@@ -112,6 +242,7 @@ func (b *behind) wait(inos ...ids.Ino) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for b.pending(inos) {
+		b.releaseLocked()
 		b.cond.Wait()
 	}
 }
@@ -151,6 +282,7 @@ func (b *behind) waitEmptied(dir ids.Ino) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for b.in[dir] > 0 {
+		b.releaseLocked()
 		b.cond.Wait()
 	}
 }
@@ -160,6 +292,7 @@ func (b *behind) waitName(dir ids.Ino, name string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for b.names[dirName{dir, name}] > 0 {
+		b.releaseLocked()
 		b.cond.Wait()
 	}
 }
@@ -169,6 +302,7 @@ func (b *behind) waitAll() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for b.total > 0 {
+		b.releaseLocked()
 		b.cond.Wait()
 	}
 }
@@ -227,37 +361,18 @@ func (c *Client) removeBehind(parent ids.Ino, name string, child *wire.Attr, op 
 	c.cache.SetEntry(parent, name, 0)
 	c.cache.InvalidateDir(child.Ino) // its link count changed; a directory is gone
 	c.mu.Unlock()
-	c.queueBehind(parent, &wire.Request{Op: op, Parent: parent, Name: name, Ino: child.Ino, Flags: wire.RemoveIfIno})
+	c.behind.queue(parent, &wire.Request{Op: op, Parent: parent, Name: name, Ino: child.Ino, Flags: wire.RemoveIfIno}, false)
 	return true
 }
 
-// queueBehind queues a change of dir that was started (behind.start) to be
-// sent behind the caller.
-func (c *Client) queueBehind(dir ids.Ino, req *wire.Request) {
-	c.behind.mu.Lock()
-	q, running := c.behind.queued[dir]
-	c.behind.queued[dir] = append(q, req)
-	c.behind.mu.Unlock()
-	if !running {
-		go c.sendBehind(dir)
-	}
-}
-
-// sendBehind sends the removals queued for dir, in batches of what queued
+// sendBehind sends the changes queued for dir, in batches of what queued
 // up meanwhile, until none is left.
 func (c *Client) sendBehind(dir ids.Ino) {
 	for {
-		c.behind.mu.Lock()
-		q := c.behind.queued[dir]
-		if len(q) == 0 {
-			delete(c.behind.queued, dir)
-			c.behind.mu.Unlock()
+		reqs, ok := c.behind.next(dir)
+		if !ok {
 			return
 		}
-		n := min(len(q), wire.MaxBatch)
-		reqs := q[:n:n]
-		c.behind.queued[dir] = q[n:]
-		c.behind.mu.Unlock()
 		for _, req := range reqs {
 			if req.Op == wire.OpRmdir {
 				// the server must find it empty: its own removals
@@ -265,38 +380,45 @@ func (c *Client) sendBehind(dir ids.Ino) {
 				c.behind.waitEmptied(req.Ino)
 			}
 		}
-		errs := c.sendBatch(context.Background(), dir, reqs)
-		for i, req := range reqs {
-			switch err := errs[i]; {
-			case err == nil:
-			case req.Op == wire.OpCreate:
-				// (it should not, under the lock): what the caller
-				// writes to it fails to reach the server and is
-				// reported at close or fsync
-				c.log.Warn("a create sent behind failed at the server; the file is lost",
-					"path", c.PathOf(dir), "name", req.Name, "ino", req.Ino, "err", err)
-				c.Counters.DataLost.Add(1)
-				c.behind.failed(req.Ino)
-				c.forget(dir, req.Ino)
-			case gone(err):
-				c.log.Debug("a removal sent behind found the name gone", "dir", dir, "name", req.Name, "err", err)
-			default:
-				c.log.Warn("a removal sent behind failed at the server; the directory is read again",
-					"path", c.PathOf(dir), "name", req.Name, "err", err)
-				c.forget(dir)
-			}
-			c.behind.done(dir, req.Ino, req.Name)
+		errs, _ := c.sendBatch(context.Background(), dir, reqs)
+		c.behindSent(dir, reqs, errs)
+	}
+}
+
+// behindSent ends the changes sent behind the caller, reqs, which met errs.
+func (c *Client) behindSent(dir ids.Ino, reqs []*wire.Request, errs []error) {
+	for i, req := range reqs {
+		switch err := errs[i]; {
+		case err == nil:
+		case req.Op == wire.OpCreate:
+			// (it should not, under the lock): what the caller
+			// writes to it fails to reach the server and is
+			// reported at close or fsync
+			c.log.Warn("a create sent behind failed at the server; the file is lost",
+				"path", c.PathOf(dir), "name", req.Name, "ino", req.Ino, "err", err)
+			c.Counters.DataLost.Add(1)
+			c.behind.failed(req.Ino)
+			c.forget(dir, req.Ino)
+		case gone(err):
+			c.log.Debug("a removal sent behind found the name gone", "dir", dir, "name", req.Name, "err", err)
+		default:
+			c.log.Warn("a removal sent behind failed at the server; the directory is read again",
+				"path", c.PathOf(dir), "name", req.Name, "err", err)
+			c.forget(dir)
 		}
+		c.behind.done(dir, req.Ino, req.Name)
 	}
 }
 
 // sendBatch sends changes of dir as one request (wire.OpBatch; a single
-// change as itself) and returns each one's error.
-func (c *Client) sendBatch(ctx context.Context, dir ids.Ino, reqs []*wire.Request) []error {
+// change as itself) and returns each one's error and reply (nil with an
+// error).
+func (c *Client) sendBatch(ctx context.Context, dir ids.Ino, reqs []*wire.Request) ([]error, []*wire.Reply) {
 	errs := make([]error, len(reqs))
 	if len(reqs) == 1 {
-		_, errs[0] = c.send(ctx, reqs[0], nil, false, nil, 0)
-		return errs
+		rep, err := c.send(ctx, reqs[0], nil, false, nil, 0)
+		errs[0] = err
+		return errs, []*wire.Reply{rep}
 	}
 	// numbered as send numbers a change, each its own: the server
 	// applies none twice when the batch is sent again
@@ -314,6 +436,9 @@ func (c *Client) sendBatch(ctx context.Context, dir ids.Ino, reqs []*wire.Reques
 	if err == nil {
 		reps, err = wire.ParseBatchReplies(rep.Data, len(reqs))
 	}
+	if err != nil {
+		reps = make([]*wire.Reply, len(reqs))
+	}
 	for i := range reqs {
 		if err != nil {
 			errs[i] = err
@@ -321,5 +446,5 @@ func (c *Client) sendBatch(ctx context.Context, dir ids.Ino, reqs []*wire.Reques
 			errs[i] = reps[i].Err()
 		}
 	}
-	return errs
+	return errs, reps
 }

@@ -85,6 +85,7 @@ type Counters struct {
 	Redirects                                        atomic.Int64 // redirects to an inode's owner followed
 	RemovedBehind                                    atomic.Int64 // removals sent behind the caller
 	CreatedBehind                                    atomic.Int64 // creates sent behind the caller
+	CreatedWithData                                  atomic.Int64 // of them, sent with the file's data (flushWithCreate)
 	BehindBatches                                    atomic.Int64 // requests that carried several of them (wire.OpBatch)
 }
 
@@ -140,7 +141,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:])), cacheGen: 1,
 		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{})}
 	c.cache.SetDataBudget(cfg.CacheBytes)
-	c.behind.init()
+	c.behind.init(c.sendBehind)
 	if err := c.connect(ctx); err != nil {
 		return nil, fmt.Errorf("client: connect: %w", err)
 	}
@@ -729,6 +730,7 @@ type Stats struct {
 	Redirects       int64
 	RemovedBehind   int64
 	CreatedBehind   int64
+	CreatedWithData int64
 	BehindBatches   int64
 	ReclaimsOK      int64
 	ReclaimsRefused int64
@@ -746,7 +748,7 @@ func (c *Client) Stats() Stats {
 		CachedInodes: n, CachedDataBytes: c.cache.DataBytes(), DirtyBytes: c.wb.total.Load(), Hits: hits, Misses: misses, Locks: c.cache.Locks(),
 		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
 		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load(),
-		Redirects: c.Counters.Redirects.Load(), RemovedBehind: c.Counters.RemovedBehind.Load(), CreatedBehind: c.Counters.CreatedBehind.Load(), BehindBatches: c.Counters.BehindBatches.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
+		Redirects: c.Counters.Redirects.Load(), RemovedBehind: c.Counters.RemovedBehind.Load(), CreatedBehind: c.Counters.CreatedBehind.Load(), CreatedWithData: c.Counters.CreatedWithData.Load(), BehindBatches: c.Counters.BehindBatches.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
 		DataLost: c.Counters.DataLost.Load(), Prefetches: c.Counters.Prefetches.Load()}
 	if home.lease != nil {
 		st.LeaseStats = home.lease.Stats()

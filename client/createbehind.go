@@ -17,7 +17,9 @@ import (
 // the new file's X lock itself (nobody else can know the file yet) and
 // returns; the create (wire.CreateIno) goes to the server behind the
 // caller, in the same per-directory queue and batches as removals, so that
-// it stays in order with them. Until it is there, whatever could observe
+// it stays in order with them. It waits there a little (createHold): the
+// close of a small file just written sends its data in the create's batch.
+// Until it is there, whatever could observe
 // the file waits for it like for a removal (behind.go): any request naming
 // the directory or the new inode (the flush of the data written to it,
 // above all), a lookup of the name, a revocation of either lock, fsync,
@@ -150,8 +152,8 @@ func (c *Client) createBehind(parent ids.Ino, name string, mode, uid, gid uint32
 	c.behind.start(parent, ino, name)
 	c.Counters.CreatedBehind.Add(1)
 	c.mu.Unlock()
-	c.queueBehind(parent, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Ino: ino, Mode: a.Mode,
-		Uid: uid, Gid: gid, Mtime: t, Flags: wire.CreateOpen | wire.CreateIno})
+	c.behind.queue(parent, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Ino: ino, Mode: a.Mode,
+		Uid: uid, Gid: gid, Mtime: t, Flags: wire.CreateOpen | wire.CreateIno}, true)
 	cp := *a
 	return &cp, true
 }

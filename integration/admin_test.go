@@ -41,8 +41,9 @@ func mountClient(t *testing.T, m *mount) (id string, recoveries int64) {
 
 // mountCounters are counters of a mount's client (client.Stats).
 type mountCounters struct {
-	Recoveries, NacksReceived, Redirects, DataLost, RemovedBehind, CreatedBehind, BehindBatches, DirtyBytes int64
-	Servers                                                                                                 int
+	Recoveries, NacksReceived, Redirects, DataLost, RemovedBehind, CreatedBehind, CreatedWithData int64
+	BehindBatches, DirtyBytes, Requests                                                           int64
+	Servers                                                                                       int
 }
 
 // mountStats returns a mount's client id and counters.

@@ -4,11 +4,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
+
+	"github.com/leasefs/leasefs/internal/ids"
 )
 
-// Batches. A client that sends changes behind its caller (removals under a
-// directory's X lock) sends those queued for one directory in one OpBatch
-// request: one round trip and one server request instead of one each. The
+// Batches. A client that sends changes behind its caller (removals and
+// creates under a directory's X lock) sends those queued for one directory
+// in one OpBatch request: one round trip and one server request instead of
+// one each; a new file's data may follow its create in the batch. The
 // batch request's Parent is the directory (its owner serves it) and its
 // Data the changes, each a whole request body; the reply's Data holds one
 // reply per change, in order. Every change carries its ReqID, so a batch
@@ -23,8 +27,9 @@ var ErrBadBatch = errors.New("wire: bad batch")
 func AppendBatch(b []byte, reqs []*Request) []byte { return appendFramed(b, reqs) }
 
 // ParseBatch decodes a batch's Data: 1 to MaxBatch changes (Op.Changes,
-// with a ReqID) of one directory, none of them a batch. Their Data
-// aliases b.
+// with a ReqID) of one directory, or of a file created in it earlier in the
+// batch (CreateIno: its data, sent with its create), none of them a batch.
+// Their Data aliases b.
 func ParseBatch(b []byte) ([]*Request, error) {
 	reqs, err := parseFramed(b, "request", ParseRequest)
 	if err != nil {
@@ -33,13 +38,18 @@ func ParseBatch(b []byte) ([]*Request, error) {
 	if len(reqs) == 0 {
 		return nil, fmt.Errorf("%w: empty", ErrBadBatch)
 	}
-	for _, r := range reqs {
+	created := func(ino ids.Ino, before []*Request) bool {
+		return slices.ContainsFunc(before, func(r *Request) bool {
+			return r.Op == OpCreate && r.Flags&CreateIno != 0 && r.Ino == ino
+		})
+	}
+	for i, r := range reqs {
 		switch {
 		case !r.Op.Changes():
 			return nil, fmt.Errorf("%w: %v is not a change", ErrBadBatch, r.Op)
 		case r.ReqID == 0:
 			return nil, fmt.Errorf("%w: %v without a request id", ErrBadBatch, r.Op)
-		case r.Home() != reqs[0].Home():
+		case r.Home() != reqs[0].Home() && !created(r.Home(), reqs[:i]):
 			return nil, fmt.Errorf("%w: changes of inodes %v and %v", ErrBadBatch, reqs[0].Home(), r.Home())
 		}
 	}

@@ -38,6 +38,27 @@ func TestBatchRoundTrip(t *testing.T) {
 	}
 }
 
+func createAs(parent, ino uint64, name string, reqID uint64) *Request {
+	return &Request{Op: OpCreate, Parent: ids.Ino(parent), Name: name, Ino: ids.Ino(ino), Flags: CreateIno | CreateOpen, ReqID: reqID}
+}
+
+func write(ino uint64, reqID uint64) *Request {
+	return &Request{Op: OpWrite, Ino: ids.Ino(ino), Data: []byte("data"), ReqID: reqID}
+}
+
+// TestBatchCreateWithData: a batch may carry a change of a file created
+// earlier in it (its data, sent with its create), and of no other inode.
+func TestBatchCreateWithData(t *testing.T) {
+	reqs := []*Request{removal(3, "a", 1), createAs(3, 9, "b", 2), write(9, 3)}
+	got, err := ParseBatch(AppendBatch(nil, reqs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[2].Op != OpWrite || got[2].Ino != 9 || string(got[2].Data) != "data" {
+		t.Errorf("the write: %+v", got[2])
+	}
+}
+
 func TestBatchBad(t *testing.T) {
 	many := make([]*Request, MaxBatch+1)
 	for i := range many {
@@ -45,15 +66,18 @@ func TestBatchBad(t *testing.T) {
 	}
 	nested := &Request{Op: OpBatch, Parent: 3, Data: AppendBatch(nil, []*Request{removal(3, "a", 1)})}
 	for name, b := range map[string][]byte{
-		"empty":          AppendBatch(nil, nil),
-		"too many":       AppendBatch(nil, many),
-		"not a change":   AppendBatch(nil, []*Request{{Op: OpLookup, Parent: 3, Name: "a", ReqID: 1}}),
-		"no request id":  AppendBatch(nil, []*Request{removal(3, "a", 0)}),
-		"two homes":      AppendBatch(nil, []*Request{removal(3, "a", 1), removal(4, "b", 2)}),
-		"nested":         AppendBatch(nil, []*Request{nested}),
-		"trailing bytes": append(AppendBatch(nil, []*Request{removal(3, "a", 1)}), 0),
-		"truncated":      AppendBatch(nil, []*Request{removal(3, "a", 1)})[:20],
-		"bad request":    {1, 0, 0, 0, 3, 0, 0, 0, 1, 2, 3},
+		"empty":                   AppendBatch(nil, nil),
+		"too many":                AppendBatch(nil, many),
+		"not a change":            AppendBatch(nil, []*Request{{Op: OpLookup, Parent: 3, Name: "a", ReqID: 1}}),
+		"no request id":           AppendBatch(nil, []*Request{removal(3, "a", 0)}),
+		"two homes":               AppendBatch(nil, []*Request{removal(3, "a", 1), removal(4, "b", 2)}),
+		"write before its create": AppendBatch(nil, []*Request{removal(3, "a", 1), write(9, 2), createAs(3, 9, "b", 3)}),
+		"write of another file":   AppendBatch(nil, []*Request{createAs(3, 9, "b", 1), write(8, 2)}),
+		"create without its ino":  AppendBatch(nil, []*Request{{Op: OpCreate, Parent: 3, Name: "b", Ino: 9, ReqID: 1}, write(9, 2)}),
+		"nested":                  AppendBatch(nil, []*Request{nested}),
+		"trailing bytes":          append(AppendBatch(nil, []*Request{removal(3, "a", 1)}), 0),
+		"truncated":               AppendBatch(nil, []*Request{removal(3, "a", 1)})[:20],
+		"bad request":             {1, 0, 0, 0, 3, 0, 0, 0, 1, 2, 3},
 	} {
 		if reqs, err := ParseBatch(b); err == nil {
 			t.Errorf("%s: parsed %d requests", name, len(reqs))

@@ -398,7 +398,8 @@ func printMount(w io.Writer, body []byte) error {
 		fmt.Fprintf(tw, "recoveries\t%d\n", st.Recoveries)
 		fmt.Fprintf(tw, "revocations\t%d\n", st.Revocations)
 		fmt.Fprintf(tw, "redirects\t%d\n", st.Redirects)
-		fmt.Fprintf(tw, "removals, creates sent behind\t%d, %d (in %d batches of several)\n", st.RemovedBehind, st.CreatedBehind, st.BehindBatches)
+		fmt.Fprintf(tw, "removals, creates sent behind\t%d, %d (in %d batches of several; %d creates with the file's data)\n",
+			st.RemovedBehind, st.CreatedBehind, st.BehindBatches, st.CreatedWithData)
 	}); err != nil {
 		return err
 	}
