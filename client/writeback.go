@@ -410,7 +410,13 @@ func (f *dirtyFile) add(off uint64, data []byte) {
 	})
 	if i == len(f.extents) {
 		if n := len(f.extents); n > 0 && f.extents[n-1].end() == off && len(f.extents[n-1].data) < flushChunk {
-			f.extents[n-1].data = append(f.extents[n-1].data, data...)
+			last := &f.extents[n-1]
+			if cap(last.data)-len(last.data) < len(data) {
+				// doubling: append grows a large slice by a quarter, and
+				// copied a growing extent several times over
+				last.data = slices.Grow(last.data, max(len(data), min(len(last.data), flushChunk)))
+			}
+			last.data = append(last.data, data...)
 		} else {
 			f.extents = append(f.extents, extent{off: off, data: bytes.Clone(data)})
 		}

@@ -98,3 +98,20 @@ func TestDirtyFileWrites(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkDirtyFileSequential buffers a file written sequentially in
+// tar's 10 KiB records, flushed at every flushChunk as the client does.
+func BenchmarkDirtyFileSequential(b *testing.B) {
+	record := make([]byte, 10<<10)
+	b.SetBytes(8 << 20)
+	b.ReportAllocs()
+	for b.Loop() {
+		f := &dirtyFile{}
+		for off := uint64(0); off < 8<<20; off += uint64(len(record)) {
+			f.add(off, record)
+			if f.bytes >= flushChunk {
+				f.extents, f.bytes = nil, 0
+			}
+		}
+	}
+}
