@@ -18,11 +18,11 @@ import (
 
 // Prefaulting badger's value log on tmpfs. Badger writes the value log
 // (file data) through a shared mapping of the file, so the first write to
-// each page faults. Where the hypervisor shadows page tables a fault costs more than
-// the copy: a sequential write spent half the server's CPU in those faults,
-// inside badger's one writer goroutine. A goroutine of ours keeps the pages
-// just ahead of the log's end populated and touched (populate), at half the
-// cost of the faults and off the writer's path.
+// each page faults. Where the hypervisor shadows page tables a fault costs
+// more than the copy: a sequential write spent half the server's CPU in
+// those faults, inside badger's one writer goroutine. A goroutine of ours
+// keeps the pages just ahead of the log's end populated and touched
+// (populate), at half the cost of the faults and off the writer's path.
 //
 // Badger does not say where its log ends. The prefaulter learns it when it
 // finds a log file (SEEK_HOLE: nothing of the file is populated ahead yet)
@@ -136,9 +136,11 @@ func (p *prefaulter) advance(wrote int64) error {
 		return nil
 	}
 	if err := p.populate(from, target); err != nil {
-		// badger may have finished the file meanwhile: look again, and
-		// give up only if that keeps failing
-		p.file = ""
+		// badger may have finished the file meanwhile and started the
+		// next: look again, and give up only if that keeps failing
+		if ferr := p.findFile(); ferr != nil {
+			return ferr
+		}
 		if p.failures++; p.failures >= 3 {
 			return err
 		}
