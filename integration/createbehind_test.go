@@ -2,12 +2,15 @@ package integration
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/internal/mountsock"
 )
 
 // behindMounts starts a mount whose packets the faults delay and a plain
@@ -136,67 +139,68 @@ func TestCreateWithData(t *testing.T) {
 	}
 }
 
-// TestCreateBehindNack: a file created behind its caller and written, not
-// yet closed, when the server fails the mount: after the recovery the
-// mount reclaims what it wrote once the create is at the server, and the
-// close succeeds with the data there (or, were it refused, fails: never a
-// silent loss).
+// TestCreateBehindNack: the server fails a mount that created a file behind
+// its caller and wrote it. "open": the file stays open through the
+// recovery; the mount reclaims what it wrote once the create is at the
+// server. "closing": the close's batch, the create with the data, is on its
+// way; the mount sends it again in its new session, the write applying only
+// to the file as its create made it. Either way the close succeeds with the
+// data at the server, or fails with the data reported lost: never a silent
+// loss.
 func TestCreateBehindNack(t *testing.T) {
-	adminAddr := freeTCPAddr(t)
-	s := startServer(t, "--admin", adminAddr, "--client-lease", "1s", "--delivery-timeout", "100ms")
-	// m's packets take 100 ms: the create is still on its way when the
-	// server fails m, so the NACK answers the very request carrying it
-	m, other, d := behindMounts(t, s, "delay=100ms")
-	id, _ := mountClient(t, m)
-	f, err := os.OpenFile(filepath.Join(d, "f"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
-	must(t, err)
-	_, err = f.Write([]byte("written before the NACK"))
-	must(t, err)
-	evictAndRecover(t, adminAddr, id, m)
-	closeErr := f.Close()
-	_, st := mountStats(t, m)
-	t.Logf("close: %v; created behind %d, recoveries %d, lost %d", closeErr, st.CreatedBehind, st.Recoveries, st.DataLost)
-	switch {
-	case closeErr == nil && st.DataLost == 0:
-		wantFile(t, filepath.Join(other.dir, "d", "f"), []byte("written before the NACK"))
-	case closeErr != nil && st.DataLost > 0:
-		t.Logf("the write was refused after the NACK and reported: %v", closeErr)
-	default:
-		t.Fatalf("close: %v, files reported lost: %d; the mount's log:\n%s", closeErr, st.DataLost, m.output())
+	for _, closing := range []bool{false, true} {
+		t.Run(map[bool]string{false: "open", true: "closing"}[closing], func(t *testing.T) {
+			adminAddr := freeTCPAddr(t)
+			s := startServer(t, "--admin", adminAddr, "--client-lease", "1s", "--delivery-timeout", "100ms")
+			// m's packets take 100 ms: what it sent is still on its
+			// way when the server fails m, so the NACK answers it
+			m, other, d := behindMounts(t, s, "delay=100ms")
+			id, _ := mountClient(t, m)
+			f, err := os.OpenFile(filepath.Join(d, "f"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+			must(t, err)
+			_, err = f.Write([]byte("written before the NACK"))
+			must(t, err)
+			closed := make(chan error, 1)
+			if closing {
+				go func() { closed <- f.Close() }()
+				time.Sleep(30 * time.Millisecond)
+			}
+			if closing {
+				evictAndRecover(t, adminAddr, id, m)
+			} else {
+				// no process started until the close: its copy of f,
+				// closed at exec, would flush f
+				evict(t, adminAddr, id)
+				waitFor(t, 10*time.Second, "the mount to recover", func() bool { return recoveries(t, m) > 0 })
+				closed <- f.Close()
+			}
+			closeErr := <-closed
+			_, st := mountStats(t, m)
+			t.Logf("close: %v; created behind %d, with data %d, NACKs %d, recoveries %d, lost %d",
+				closeErr, st.CreatedBehind, st.CreatedWithData, st.NacksReceived, st.Recoveries, st.DataLost)
+			if want := map[bool]int64{false: 0, true: 1}[closing]; st.CreatedWithData != want || st.NacksReceived == 0 {
+				t.Fatalf("%d creates went with their data (want %d), %d NACKs", st.CreatedWithData, want, st.NacksReceived)
+			}
+			switch {
+			case closeErr == nil && st.DataLost == 0:
+				wantFile(t, filepath.Join(other.dir, "d", "f"), []byte("written before the NACK"))
+			case closeErr != nil && st.DataLost > 0:
+				t.Logf("the write was refused after the NACK and reported: %v", closeErr)
+			default:
+				t.Fatalf("close: %v, files reported lost: %d; the mount's log:\n%s", closeErr, st.DataLost, m.output())
+			}
+		})
 	}
 }
 
-// TestCreateWithDataNack: the server fails the mount while the close's
-// batch, a file's create with its data, is on its way. The mount sends the
-// batch again in its new session, the write applying only to the file as
-// its create made it, and the close succeeds with the data at the server
-// (or fails, the data reported lost: never a silent loss).
-func TestCreateWithDataNack(t *testing.T) {
-	adminAddr := freeTCPAddr(t)
-	s := startServer(t, "--admin", adminAddr, "--client-lease", "1s", "--delivery-timeout", "100ms")
-	// m's packets take 100 ms: the batch is on its way when m is failed
-	m, other, d := behindMounts(t, s, "delay=100ms")
-	id, _ := mountClient(t, m)
-	f, err := os.OpenFile(filepath.Join(d, "f"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+// recoveries reads a mount's recovery count from its socket, starting no
+// process.
+func recoveries(t *testing.T, m *mount) int64 {
+	t.Helper()
+	rep, err := mountsock.Client(m.dir).Get("http://mount/status")
 	must(t, err)
-	_, err = f.Write([]byte("written before the NACK"))
-	must(t, err)
-	closed := make(chan error, 1)
-	go func() { closed <- f.Close() }()
-	time.Sleep(30 * time.Millisecond)
-	evictAndRecover(t, adminAddr, id, m)
-	closeErr := <-closed
-	_, st := mountStats(t, m)
-	t.Logf("close: %v; created with data %d, NACKs %d, recoveries %d, lost %d", closeErr, st.CreatedWithData, st.NacksReceived, st.Recoveries, st.DataLost)
-	if st.CreatedWithData != 1 || st.NacksReceived == 0 {
-		t.Fatalf("%d creates went with their data, %d NACKs: want the batch with the data NACKed", st.CreatedWithData, st.NacksReceived)
-	}
-	switch {
-	case closeErr == nil && st.DataLost == 0:
-		wantFile(t, filepath.Join(other.dir, "d", "f"), []byte("written before the NACK"))
-	case closeErr != nil && st.DataLost > 0:
-		t.Logf("the write was refused after the NACK and reported: %v", closeErr)
-	default:
-		t.Fatalf("close: %v, files reported lost: %d; the mount's log:\n%s", closeErr, st.DataLost, m.output())
-	}
+	defer rep.Body.Close()
+	var st struct{ Stats struct{ Recoveries int64 } }
+	must(t, json.NewDecoder(rep.Body).Decode(&st))
+	return st.Stats.Recoveries
 }
