@@ -138,21 +138,18 @@ func (b *behind) next(dir ids.Ino) ([]*wire.Request, bool) {
 }
 
 // takeHeld takes the held queue that ends with the create of ino, if it
-// leaves room for extra more changes in its batch: the caller sends it, and
+// leaves room for one more change in its batch: the caller sends it, and
 // then calls sent. Only the last create of a queue: a queue holds nothing
-// the caller's changes would have to wait behind but what goes in their
-// batch before them.
-func (b *behind) takeHeld(ino ids.Ino, extra int) (ids.Ino, []*wire.Request, bool) {
+// the caller's change would have to wait behind but what goes in its
+// batch before it.
+func (b *behind) takeHeld(ino ids.Ino) (ids.Ino, []*wire.Request, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.inos[ino] == 0 {
-		return 0, nil, false
-	}
 	for dir, q := range b.queued {
 		if len(q) == 0 || b.sending[dir] {
 			continue
 		}
-		if last := q[len(q)-1]; last.Op == wire.OpCreate && last.Ino == ino && len(q)+extra <= wire.MaxBatch {
+		if last := q[len(q)-1]; last.Op == wire.OpCreate && last.Ino == ino && len(q) < wire.MaxBatch {
 			delete(b.queued, dir)
 			b.sending[dir] = true
 			if b.holding && !b.anyHeldLocked() {
@@ -180,11 +177,11 @@ func (b *behind) anyHeldLocked() bool {
 func (b *behind) sent(dir ids.Ino) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	delete(b.sending, dir)
 	if len(b.queued[dir]) > 0 {
-		go b.send(dir)
+		b.startLocked(dir)
 	} else {
 		delete(b.queued, dir)
-		delete(b.sending, dir)
 	}
 }
 

@@ -55,11 +55,11 @@ func TestBehindHold(t *testing.T) {
 	expect("a wait", 2, createHold/2)
 
 	create(3, 30, "c")
-	dir, q, ok := b.takeHeld(30, 1)
+	dir, q, ok := b.takeHeld(30)
 	if !ok || dir != 3 || len(q) != 1 || q[0].Ino != 30 {
 		t.Fatalf("takeHeld: %v %v %v", dir, q, ok)
 	}
-	if _, _, again := b.takeHeld(30, 1); again {
+	if _, _, again := b.takeHeld(30); again {
 		t.Fatal("a taken queue taken again")
 	}
 	b.done(3, 30, "c")

@@ -327,7 +327,7 @@ func (c *Client) flushWithCreate(ctx context.Context, ino ids.Ino, f *dirtyFile)
 	if len(reqs) != 1 {
 		return false, nil
 	}
-	dir, queued, ok := c.behind.takeHeld(ino, 1)
+	dir, queued, ok := c.behind.takeHeld(ino)
 	if !ok {
 		return false, nil
 	}
