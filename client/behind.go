@@ -420,7 +420,7 @@ func (c *Client) sendBatch(ctx context.Context, dir ids.Ino, reqs []*wire.Reques
 	// numbered as send numbers a change, each its own: the server
 	// applies none twice when the batch is sent again
 	for _, r := range reqs {
-		r.Oldest = c.inFlight.add(&r.ReqID)
+		r.Oldest = c.inFlight.add(&r.ReqID, r.OriginIno())
 	}
 	defer func() {
 		for _, r := range reqs {

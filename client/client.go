@@ -323,7 +323,7 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 		ctx = context.WithoutCancel(ctx)
 	}
 	if req.Op.Changes() {
-		req.Oldest = c.inFlight.add(&req.ReqID)
+		req.Oldest = c.inFlight.add(&req.ReqID, req.OriginIno())
 		defer func() {
 			if !errors.Is(err, errRecovered) {
 				// (a NACKed flush write stays in flight: its reclaim
@@ -776,42 +776,49 @@ func (c *Client) Close() error {
 	return nil
 }
 
-// changesInFlight is the set of change requests not yet answered. Each
-// request carries the oldest of them (wire.Request.Oldest): a server that
-// meets a request older than one a later request named as the oldest knows
-// the client has finished with it (a stale copy at a server the client
-// gave up on), and must not apply it.
+// changesInFlight is the set of change requests not yet answered, with
+// the inode each is recorded with at the server (wire.Request.OriginIno).
+// Each request carries the oldest of them recorded with the same inode
+// (wire.Request.Oldest): a server that meets a change older than one a
+// later change of the inode named as the oldest knows the client has
+// finished with it (a stale copy at a server the client gave up on, which
+// may get to run much later, once it owns the inode), and must not apply
+// it. Counted per inode, so that a change stuck elsewhere (a directory's,
+// another file's) does not keep every other inode's copies applicable:
+// the server keeps only the last few ids per client and inode.
 type changesInFlight struct {
-	mu   sync.Mutex
-	last uint64 // the last number given to a change
-	ids  map[uint64]struct{}
+	mu      sync.Mutex
+	last    uint64             // the last number given to a change
+	pending map[uint64]ids.Ino // id → the inode it is recorded with
 }
 
-// add records *id, giving it the next number first if it has none, and
-// returns the oldest change in flight. Numbering and recording are one
-// step: a request numbered before another but recorded after it would let
-// the other name an oldest change past it, and the server refuse it as a
-// stale copy.
-func (f *changesInFlight) add(id *uint64) uint64 {
+// add records *id as a change recorded with origin, giving it the next
+// number first if it has none, and returns the oldest change of origin
+// in flight. Numbering and recording are one step: a request numbered
+// before another but recorded after it would let the other name an
+// oldest change past it, and the server refuse it as a stale copy.
+func (f *changesInFlight) add(id *uint64, origin ids.Ino) uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.ids == nil {
-		f.ids = map[uint64]struct{}{}
+	if f.pending == nil {
+		f.pending = map[uint64]ids.Ino{}
 	}
 	if *id == 0 {
 		f.last++
 		*id = f.last
 	}
-	f.ids[*id] = struct{}{}
+	f.pending[*id] = origin
 	oldest := *id
-	for other := range f.ids {
-		oldest = min(oldest, other)
+	for other, o := range f.pending {
+		if o == origin {
+			oldest = min(oldest, other)
+		}
 	}
 	return oldest
 }
 
 func (f *changesInFlight) done(id uint64) {
 	f.mu.Lock()
-	delete(f.ids, id)
+	delete(f.pending, id)
 	f.mu.Unlock()
 }

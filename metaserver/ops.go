@@ -541,14 +541,7 @@ func changeOrigin(sess *session, r *wire.Request) (Origin, bool) {
 	if !r.Op.Changes() || r.ReqID == 0 {
 		return Origin{}, false
 	}
-	o := Origin{Ino: r.Ino, Client: sess.client, Req: r.ReqID, Oldest: r.Oldest}
-	switch r.Op {
-	case wire.OpCreate, wire.OpMkdir, wire.OpSymlink, wire.OpUnlink, wire.OpRmdir, wire.OpRename:
-		o.Ino = r.Parent
-	case wire.OpLink:
-		o.Ino = r.NewPar
-	}
-	return o, true
+	return Origin{Ino: r.OriginIno(), Client: sess.client, Req: r.ReqID, Oldest: r.Oldest}, true
 }
 
 // lockNew gives the client an X lock on an inode it just created, which

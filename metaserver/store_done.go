@@ -21,8 +21,9 @@ type Origin struct {
 	Ino    ids.Ino // the inode the request's id is recorded with: one the change writes
 	Client ids.ClientID
 	Req    uint64 // the client's id for the request: the same in every resend
-	// Oldest is the client's oldest change in flight when it made this
-	// one: changes of the client before it are finished for the client.
+	// Oldest is the client's oldest change recorded with Ino in flight
+	// when it made this one: the client's changes of Ino before it are
+	// finished for the client.
 	Oldest uint64
 }
 

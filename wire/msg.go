@@ -104,6 +104,19 @@ func Ops() []Op {
 	return out
 }
 
+// OriginIno is the inode a server records a change's ReqID with: one the
+// change writes under an X lock (the directory of a change of names).
+// Oldest counts changes of this inode only.
+func (r *Request) OriginIno() ids.Ino {
+	switch r.Op {
+	case OpCreate, OpMkdir, OpSymlink, OpUnlink, OpRmdir, OpRename:
+		return r.Parent
+	case OpLink:
+		return r.NewPar
+	}
+	return r.Ino
+}
+
 // OpWrite flags.
 const (
 	// WriteAppend writes at the end of the file as the server sees it.
@@ -308,8 +321,10 @@ type Request struct {
 	// finds it applied answers from the current state (client ID + ReqID
 	// is unique; 0: not a change).
 	ReqID uint64
-	// Oldest is the oldest change the client had in flight when it made
-	// this one: every change before it is finished for the client.
+	// Oldest is the oldest change with the same OriginIno the client had
+	// in flight when it made this one: every change of that inode before
+	// it is finished for the client, and a copy of one arriving late (at
+	// a server the client gave up on) must not be applied.
 	Oldest uint64
 	// Opens is how many handles the client opened on Ino under its data
 	// lock without telling the server (OpenedLocally). The server counts
