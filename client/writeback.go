@@ -95,6 +95,7 @@ func (w *writeback) file(ino ids.Ino, create bool) *dirtyFile {
 // its changes are at the server (or lost).
 func (w *writeback) retire(ino ids.Ino, f *dirtyFile) {
 	w.total.Add(-int64(f.bytes))
+	freeExtents(f.extents)
 	f.extents, f.bytes, f.attrs = nil, 0, nil
 	w.mu.Lock()
 	if w.files[ino] == f {
@@ -409,18 +410,22 @@ func (f *dirtyFile) add(off uint64, data []byte) {
 		return cmp.Compare(e.end(), off+1)
 	})
 	if i == len(f.extents) {
-		if n := len(f.extents); n > 0 && f.extents[n-1].end() == off && len(f.extents[n-1].data) < flushChunk {
-			last := &f.extents[n-1]
-			if cap(last.data)-len(last.data) < len(data) {
-				// doubling: append grows a large slice by a quarter, and
-				// copied a growing extent several times over
-				last.data = slices.Grow(last.data, max(len(data), min(len(last.data), flushChunk)))
+		for len(data) > 0 {
+			n := len(f.extents)
+			if n == 0 || f.extents[n-1].end() != off || len(f.extents[n-1].data) >= flushChunk {
+				f.extents = append(f.extents, extent{off: off, data: newExtentData(len(data))})
+				n++
 			}
-			last.data = append(last.data, data...)
-		} else {
-			f.extents = append(f.extents, extent{off: off, data: bytes.Clone(data)})
+			last := &f.extents[n-1]
+			take := min(len(data), flushChunk-len(last.data))
+			if cap(last.data)-len(last.data) < take {
+				last.data = growExtentData(last.data, take)
+			}
+			last.data = append(last.data, data[:take]...)
+			f.bytes += take
+			off += uint64(take)
+			data = data[take:]
 		}
-		f.bytes += len(data)
 		return
 	}
 	var merged []extent
@@ -444,6 +449,47 @@ func (f *dirtyFile) add(off uint64, data []byte) {
 }
 
 func (e extent) end() uint64 { return e.off + uint64(len(e.data)) }
+
+// extentBufs holds the flushChunk buffers of extents a sequential writer
+// filled: fresh memory costs a page fault per 4 KiB on first touch, the
+// cost of a sequential write's copy into its extent. Extents of small
+// writes stay on the heap, sized to their data: a random writer's
+// thousands of extents must not take a chunk each.
+var extentBufs = sync.Pool{New: func() any { b := make([]byte, 0, flushChunk); return &b }}
+
+// pooledExtent is the size from which an extent's data goes into a pooled
+// chunk buffer.
+const pooledExtent = flushChunk / 16
+
+// newExtentData returns an empty buffer for an extent whose first write
+// has n bytes.
+func newExtentData(n int) []byte {
+	if n >= pooledExtent {
+		return (*extentBufs.Get().(*[]byte))[:0]
+	}
+	return make([]byte, 0, n)
+}
+
+// growExtentData makes room for n more bytes after data: by doubling on
+// the heap (append grows a large slice by a quarter, which copied a
+// growing extent several times over), then in a pooled chunk buffer.
+func growExtentData(data []byte, n int) []byte {
+	if len(data)+n >= pooledExtent {
+		return append(newExtentData(flushChunk), data...)
+	}
+	return slices.Grow(data, max(n, len(data)))
+}
+
+// freeExtents gives the extents' chunk buffers back, once nothing sends
+// them any more.
+func freeExtents(extents []extent) {
+	for _, e := range extents {
+		if cap(e.data) == flushChunk {
+			b := e.data[:0]
+			extentBufs.Put(&b)
+		}
+	}
+}
 
 // packWrites turns disjoint ascending extents into write requests of up
 // to flushChunk bytes each: a large extent is split into plain writes;

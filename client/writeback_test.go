@@ -99,6 +99,42 @@ func TestDirtyFileWrites(t *testing.T) {
 	}
 }
 
+// TestExtentBuffers: a sequential writer's extents are whole chunks in
+// chunk buffers (pooled: no fresh memory per megabyte), however small its
+// writes; a random writer's page extents take no more than their pages.
+func TestExtentBuffers(t *testing.T) {
+	record := bytes.Repeat([]byte("r"), 10<<10)
+	var seq dirtyFile
+	for off := uint64(0); off < 3*flushChunk; off += uint64(len(record)) {
+		seq.add(off, record)
+	}
+	// 10 KiB records do not end on a chunk: the last one's tail begins a
+	// fourth extent
+	if len(seq.extents) != 4 {
+		t.Fatalf("3 MiB of records made %d extents", len(seq.extents))
+	}
+	for i, e := range seq.extents[:3] {
+		if e.off != uint64(i*flushChunk) || len(e.data) != flushChunk || cap(e.data) != flushChunk {
+			t.Errorf("sequential extent %d: %d+%d (cap %d), want a whole chunk in a chunk buffer", i, e.off, len(e.data), cap(e.data))
+		}
+	}
+	var big dirtyFile
+	big.add(100, bytes.Repeat([]byte("b"), 2*flushChunk+5))
+	if len(big.extents) != 3 || big.bytes != 2*flushChunk+5 || cap(big.extents[0].data) != flushChunk {
+		t.Errorf("a write of two chunks and a bit made %d extents of %d bytes", len(big.extents), big.bytes)
+	}
+	var random dirtyFile
+	page := bytes.Repeat([]byte("p"), 4096)
+	for i := range 100 {
+		random.add(uint64(i*3)*4096, page)
+	}
+	for _, e := range random.extents {
+		if cap(e.data) > 2*len(page) {
+			t.Fatalf("a page extent holds a buffer of %d bytes", cap(e.data))
+		}
+	}
+}
+
 // BenchmarkDirtyFileSequential buffers a file written sequentially in
 // tar's 10 KiB records, flushed at every flushChunk as the client does.
 func BenchmarkDirtyFileSequential(b *testing.B) {
@@ -110,6 +146,7 @@ func BenchmarkDirtyFileSequential(b *testing.B) {
 		for off := uint64(0); off < 8<<20; off += uint64(len(record)) {
 			f.add(off, record)
 			if f.bytes >= flushChunk {
+				freeExtents(f.extents)
 				f.extents, f.bytes = nil, 0
 			}
 		}

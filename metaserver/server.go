@@ -314,7 +314,13 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	}
 	rep := s.dispatch(ctx, sess, req)
 	s.account(sess, req, rep)
-	return rep.Append(nil)
+	out := rep.Append(nil)
+	if req.Op == wire.OpWrite {
+		// the store copied the data (badger's commit, a replica change's
+		// clone) before the write returned
+		transport.Recycle(tr.Body)
+	}
+	return out
 }
 
 // account counts a failed request, and logs it if the server, not the

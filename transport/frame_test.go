@@ -140,3 +140,40 @@ func TestReadFrameReporting(t *testing.T) {
 		t.Fatalf("reported %v, want %v", seen, want)
 	}
 }
+
+// TestPooledBodies: a body of a megabyte or so is read into a pooled
+// buffer that Recycle takes back, and what is read into a recycled buffer
+// is the new body whole; smaller and larger bodies are the heap's, and
+// Recycle leaves them (and any part of a body) alone.
+func TestPooledBodies(t *testing.T) {
+	read := func(body []byte) []byte {
+		t.Helper()
+		var buf bytes.Buffer
+		var scratch []byte
+		if err := writeFrame(&buf, &scratch, kindRequest, Header{Seq: 1}, body, nil); err != nil {
+			t.Fatal(err)
+		}
+		var head [frameHead]byte
+		f, err := readFrame(&buf, &head)
+		if err != nil || !bytes.Equal(f.body, body) {
+			t.Fatalf("read %d bytes: %v", len(body), err)
+		}
+		return f.body
+	}
+	for _, n := range []int{pooledBodyMin - 1, 2 * pooledBodyCap} {
+		if b := read(make([]byte, n)); cap(b) != n {
+			t.Errorf("a body of %d bytes has a buffer of %d", n, cap(b))
+		}
+	}
+	for i, n := range []int{pooledBodyMin, 1 << 20, pooledBodyCap, 100 << 10} {
+		body := bytes.Repeat([]byte{byte(i + 1)}, n)
+		b := read(body)
+		if cap(b) != pooledBodyCap {
+			t.Fatalf("a body of %d bytes has a buffer of %d, not a pooled one", n, cap(b))
+		}
+		Recycle(b[1:]) // a part: left alone
+		Recycle(b)
+	}
+	Recycle(nil)
+	Recycle(make([]byte, 10))
+}
