@@ -46,25 +46,37 @@ type kvStore interface {
 var errConflict = errors.New("metaserver: transaction conflict")
 
 // badgerKV is the kvStore over a badger database.
-type badgerKV struct{ db *badger.DB }
+type badgerKV struct {
+	db        *badger.DB
+	pf        *prefaulter // nil: none
+	threshold int         // values of this size or more go to the value log
+}
 
 func (b badgerKV) update(fn func(kvTxn) error) error {
-	err := b.db.Update(func(t *badger.Txn) error { return fn(badgerTxn{t}) })
+	var logged int64
+	err := b.db.Update(func(t *badger.Txn) error { return fn(badgerTxn{t, &logged, b.threshold}) })
 	if errors.Is(err, badger.ErrConflict) {
 		return errConflict
+	}
+	if err == nil {
+		b.pf.committed(logged)
 	}
 	return err
 }
 
 func (b badgerKV) view(fn func(kvTxn) error) error {
-	return b.db.View(func(t *badger.Txn) error { return fn(badgerTxn{t}) })
+	return b.db.View(func(t *badger.Txn) error { return fn(badgerTxn{t: t}) })
 }
 
 func (b badgerKV) sync() error             { return b.db.Sync() }
 func (b badgerKV) close() error            { return b.db.Close() }
 func (b badgerKV) size() (lsm, vlog int64) { return b.db.Size() }
 
-type badgerTxn struct{ t *badger.Txn }
+type badgerTxn struct {
+	t         *badger.Txn
+	logged    *int64 // bytes set that go to the value log (update only)
+	threshold int
+}
 
 func (b badgerTxn) get(key []byte, fn func(val []byte) error) (bool, error) {
 	item, err := b.t.Get(key)
@@ -80,8 +92,15 @@ func (b badgerTxn) get(key []byte, fn func(val []byte) error) (bool, error) {
 	return true, item.Value(fn)
 }
 
-func (b badgerTxn) set(key, val []byte) error { return b.t.Set(key, val) }
-func (b badgerTxn) del(key []byte) error      { return b.t.Delete(key) }
+func (b badgerTxn) set(key, val []byte) error {
+	if b.logged != nil && len(val) >= b.threshold {
+		// the entry's key with its version, value, a header of 2 bytes
+		// or more and a checksum
+		*b.logged += int64(len(key) + 8 + len(val) + 2 + 4)
+	}
+	return b.t.Set(key, val)
+}
+func (b badgerTxn) del(key []byte) error { return b.t.Delete(key) }
 
 func (b badgerTxn) scan(prefix, start []byte, reverse, values bool, fn func(key, val []byte) (bool, error)) error {
 	opts := badger.IteratorOptions{Prefix: prefix, Reverse: reverse}

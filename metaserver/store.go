@@ -76,6 +76,8 @@ const (
 	// deleteBatch bounds how many page records one transaction deletes
 	// (badger caps a transaction's size by the memtable size).
 	deleteBatch = 4096
+	// valueLogFileSize is where badger starts a new value log file.
+	valueLogFileSize = 256 << 20
 )
 
 // Rename flags (linux/fs.h).
@@ -219,6 +221,8 @@ type storeCore struct {
 	// see update).
 	changeMu [256]sync.Mutex
 
+	pf *prefaulter // nil in memory
+
 	inoMu    sync.Mutex
 	nextIno  uint64 // next counter value to hand out
 	inoLimit uint64 // counter values below this are reserved on disk
@@ -278,7 +282,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		WithNumCompactors(2).
 		WithNumLevelZeroTables(3).
 		WithNumLevelZeroTablesStall(8).
-		WithValueLogFileSize(256 << 20).
+		WithValueLogFileSize(valueLogFileSize).
 		WithCompression(options.None). // pages are mostly incompressible or tiny metadata
 		WithMetricsEnabled(false).
 		WithDetectConflicts(true)
@@ -293,8 +297,19 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
 	}
 	s.db = db
-	s.kv = badgerKV{db}
+	kv := badgerKV{db: db, threshold: int(bopts.ValueThreshold)}
+	if !opts.InMemory && onTmpfs(bopts.ValueDir) {
+		// the path as the kernel names the mapping
+		dbDir, err := filepath.Abs(bopts.ValueDir)
+		if real, rerr := filepath.EvalSymlinks(dbDir); err == nil && rerr == nil {
+			dbDir = real
+		}
+		s.pf = startPrefaulter(dbDir, valueLogFileSize, log)
+		kv.pf = s.pf
+	}
+	s.kv = kv
 	if err := s.init(opts); err != nil {
+		s.pf.close()
 		db.Close()
 		s.unlock()
 		return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
@@ -479,6 +494,7 @@ func (s *Store) Close() error {
 	s.closed = true
 	close(s.stop)
 	<-s.done
+	s.pf.close()
 	err := s.db.Close() // syncs
 	s.unlock()
 	return err

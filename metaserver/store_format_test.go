@@ -119,7 +119,7 @@ func TestStoreFormatNewer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := (badgerKV{db}).update(func(tx kvTxn) error { return tx.set(formatKey, []byte{storeFormat}) }); err != nil {
+	if err := (badgerKV{db: db}).update(func(tx kvTxn) error { return tx.set(formatKey, []byte{storeFormat}) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Close(); err != nil {
