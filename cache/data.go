@@ -170,18 +170,19 @@ func (c *Cache) HasData(ino ids.Ino, off, size uint64) bool {
 	return true
 }
 
-// WriteCacheSpan is how much of a file a client's writes put into the
-// cache. Build outputs, configuration and source files are read back soon
-// and fit; past it, a large file written through (a copy, an archive, a
-// stream) is rarely read back here, and caching it cost a copy and a
-// cache entry per page, a quarter of a sequential write's time, and would
-// evict everything else cached.
-const WriteCacheSpan = 8 << 20
+// A client's writes put new pages into the cache only within the first
+// half of the data budget of a file's bytes, the size up to which the
+// client reads a file around its reads (client.readAround): a file that
+// fits is read back soon and randomly (build outputs, a database); past
+// that, a file written through (a copy, an archive, a stream) would push
+// its own first pages out, and everything else, and caching each of its
+// pages cost a quarter of a sequential write's time.
+func (c *Cache) writeCacheSpan() uint64 { return uint64(c.dataMax / 2) }
 
 // WriteData puts a write that this client buffered under its X lock into
 // ino's cached pages, so that reading back what it wrote needs no server:
 // pages the write covers whole (to the file's end, for the last) are
-// cached if the write ends within WriteCacheSpan, pages it covers in part
+// cached if the write ends within writeCacheSpan, pages it covers in part
 // are patched where cached. size is the file's size before the write.
 // Reads in flight cache nothing: they fetched the file without the write.
 func (c *Cache) WriteData(ino ids.Ino, off uint64, data []byte, size uint64) {
@@ -211,7 +212,7 @@ func (c *Cache) WriteData(ino ids.Ino, off uint64, data []byte, size uint64) {
 			c.growPage(p, newSize)
 			copy(p.data[lo-start:], data[lo-off:hi-off])
 			c.lru.MoveToFront(el)
-		} else if end <= WriteCacheSpan && lo == start && hi == min(start+PageSize, newSize) {
+		} else if end <= c.writeCacheSpan() && lo == start && hi == min(start+PageSize, newSize) {
 			if e.pages == nil {
 				e.pages = map[uint64]*list.Element{}
 			}

@@ -184,22 +184,24 @@ func TestWriteData(t *testing.T) {
 	}
 }
 
-// TestWriteDataSpan: pages a write would newly cache past WriteCacheSpan
-// are left out (a large file written through), while cached pages there
-// are still patched, so that what is cached is never stale.
+// TestWriteDataSpan: pages a write would newly cache past half the data
+// budget are left out (a large file written through), while cached pages
+// there are still patched, so that what is cached is never stale.
 func TestWriteDataSpan(t *testing.T) {
 	c := New(100)
-	c.SetDataBudget(64 << 20)
-	const far = WriteCacheSpan + 10*PageSize
+	const budget = 64 << 20
+	c.SetDataBudget(budget)
+	const span = budget / 2
+	const far = span + 10*PageSize
 	c.reply([]wire.Grant{{Ino: 5, Mode: wire.LockExclusive, Seq: 1}}, 5, far, filled('o'), false, 1, c.DataGen())
 	size := uint64(far + PageSize)
-	c.WriteData(5, WriteCacheSpan-PageSize, filled('a'), size) // the span's last page
-	c.WriteData(5, WriteCacheSpan, filled('b'), size)          // the first page past it
-	c.WriteData(5, far, []byte("pp"), size)                    // patches a cached page
-	if got, ok := readData(c, 5, WriteCacheSpan-PageSize, 1); !ok || string(got) != "a" {
+	c.WriteData(5, span-PageSize, filled('a'), size) // the span's last page
+	c.WriteData(5, span, filled('b'), size)          // the first page past it
+	c.WriteData(5, far, []byte("pp"), size)          // patches a cached page
+	if got, ok := readData(c, 5, span-PageSize, 1); !ok || string(got) != "a" {
 		t.Errorf("a page written within the span: %q, %v", got, ok)
 	}
-	if _, ok := readData(c, 5, WriteCacheSpan, 1); ok {
+	if _, ok := readData(c, 5, span, 1); ok {
 		t.Error("a page written past the span was cached")
 	}
 	if got, ok := readData(c, 5, far, 3); !ok || string(got) != "ppo" {
