@@ -420,18 +420,15 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 						"file changed since the buffered writes were made (version %d, not %d)", a.Version, r.Version))
 				}
 			}
+			if r.Flags&wire.WriteAppend != 0 {
+				if r.Spans != nil {
+					return wire.ErrorReply(wire.Errf(wire.CodeInvalid, "an append cannot be a vectored write"))
+				}
+				return attrReply(st.Append(r.Ino, r.Data, setAttrIn(r), now))
+			}
 			spans := r.Spans
 			if spans == nil {
-				if r.Flags&wire.WriteAppend != 0 {
-					a, err := st.GetAttr(r.Ino)
-					if err != nil {
-						return wire.ErrorReply(err)
-					}
-					r.Off = a.Size
-				}
 				spans = SpanAt(r.Off, r.Data)
-			} else if r.Flags&wire.WriteAppend != 0 {
-				return wire.ErrorReply(wire.Errf(wire.CodeInvalid, "an append cannot be a vectored write"))
 			}
 			return attrReply(st.WriteSetAttr(r.Ino, spans, r.Data, setAttrIn(r), now))
 		})

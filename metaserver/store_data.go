@@ -139,18 +139,35 @@ const maxWritePages = 2 * wire.MaxData / PageSize
 // makes the changes of mode, owner and times in (its Valid within
 // wire.WriteAttrs), all in one transaction.
 func (s *Store) WriteSetAttr(ino ids.Ino, spans []wire.Span, data []byte, in SetAttrIn, now int64) (Attr, error) {
-	if in.Valid&^wire.WriteAttrs != 0 {
-		return Attr{}, wire.Errf(wire.CodeInvalid, "a write cannot carry attribute changes %#x", in.Valid&^wire.WriteAttrs)
-	}
+	return s.writeSetAttr(ino, func(uint64) []wire.Span { return spans }, data, in, now)
+}
+
+// Append is WriteSetAttr of data at the file's end as its transaction
+// finds it (O_APPEND): no read before it, and no writer between.
+func (s *Store) Append(ino ids.Ino, data []byte, in SetAttrIn, now int64) (Attr, error) {
+	return s.writeSetAttr(ino, func(size uint64) []wire.Span { return SpanAt(size, data) }, data, in, now)
+}
+
+// checkSpans checks that spans fit in a file and hold data.
+func checkSpans(spans []wire.Span, data []byte) error {
 	total := 0
 	for _, sp := range spans {
 		total += int(sp.Len)
 		if end := sp.Off + uint64(sp.Len); end < sp.Off || end > MaxFileSize {
-			return Attr{}, wire.Errf(wire.CodeTooBig, "write past %d", uint64(MaxFileSize))
+			return wire.Errf(wire.CodeTooBig, "write past %d", uint64(MaxFileSize))
 		}
 	}
 	if total != len(data) {
-		return Attr{}, wire.Errf(wire.CodeInvalid, "write spans hold %d bytes, data has %d", total, len(data))
+		return wire.Errf(wire.CodeInvalid, "write spans hold %d bytes, data has %d", total, len(data))
+	}
+	return nil
+}
+
+// writeSetAttr is WriteSetAttr with the spans that spansAt gives for the
+// file's size.
+func (s *Store) writeSetAttr(ino ids.Ino, spansAt func(size uint64) []wire.Span, data []byte, in SetAttrIn, now int64) (Attr, error) {
+	if in.Valid&^wire.WriteAttrs != 0 {
+		return Attr{}, wire.Errf(wire.CodeInvalid, "a write cannot carry attribute changes %#x", in.Valid&^wire.WriteAttrs)
 	}
 	var a Attr
 	write := func(tx *Tx) error {
@@ -159,6 +176,10 @@ func (s *Store) WriteSetAttr(ino ids.Ino, spans []wire.Span, data []byte, in Set
 			return err
 		}
 		if err := checkRegular(n); err != nil {
+			return err
+		}
+		spans := spansAt(n.Size)
+		if err := checkSpans(spans, data); err != nil {
 			return err
 		}
 		if len(data) == 0 && in.Valid == 0 {

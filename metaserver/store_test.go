@@ -420,6 +420,30 @@ func TestStoreWriteSetAttr(t *testing.T) {
 	}
 }
 
+// TestStoreAppend: an append writes at the file's end as its transaction
+// finds it, with its attributes; one that would pass the largest file
+// changes nothing.
+func TestStoreAppend(t *testing.T) {
+	s := newStore(t)
+	f := must[Attr](t)(s.Create(ids.RootIno, "log", reg|0o600, 0, 0, 0, 1))
+	for i, line := range []string{"one\n", "two\n", "three\n"} {
+		a := must[Attr](t)(s.Append(f.Ino, []byte(line), SetAttrIn{}, int64(2+i)))
+		if a.Version != f.Version+uint64(i)+1 || a.Mtime != int64(2+i) {
+			t.Fatalf("append %d: %+v", i, a)
+		}
+	}
+	a := must[Attr](t)(s.Append(f.Ino, []byte("four\n"), SetAttrIn{Valid: wire.SetMode, Mode: 0o640}, 9))
+	if got := must[[]byte](t)(s.Read(f.Ino, 0, 100)); string(got) != "one\ntwo\nthree\nfour\n" || a.Size != uint64(len(got)) || a.Mode != reg|0o640 {
+		t.Fatalf("after four appends: %q, %+v", got, a)
+	}
+	must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: MaxFileSize - 2}, 10))
+	_, err := s.Append(f.Ino, []byte("abc"), SetAttrIn{}, 11)
+	wantCode(t, err, wire.CodeTooBig)
+	if got := must[Attr](t)(s.GetAttr(f.Ino)); got.Size != MaxFileSize-2 {
+		t.Fatalf("a refused append changed the size to %d", got.Size)
+	}
+}
+
 // TestStoreWriteSpans: a vectored write gives the file a plain write of
 // each span would, over stored bytes, holes and the end of the file, with
 // several spans in one chunk and spans across chunks; malformed spans and
