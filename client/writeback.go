@@ -450,12 +450,14 @@ func (f *dirtyFile) add(off uint64, data []byte) {
 
 func (e extent) end() uint64 { return e.off + uint64(len(e.data)) }
 
-// extentBufs holds the flushChunk buffers of extents a sequential writer
-// filled: fresh memory costs a page fault per 4 KiB on first touch, the
-// cost of a sequential write's copy into its extent. Extents of small
-// writes stay on the heap, sized to their data: a random writer's
-// thousands of extents must not take a chunk each.
-var extentBufs = sync.Pool{New: func() any { b := make([]byte, 0, flushChunk); return &b }}
+// chunkBufs holds flushChunk buffers: the extents a sequential writer
+// fills, and the data of vectored write requests, which gather scattered
+// pages. Fresh memory costs a page fault per 4 KiB on first touch: the
+// cost of a sequential write's copy into its extent, and of a fresh 1 MiB
+// buffer per vectored request. Extents of small writes stay on the heap,
+// sized to their data: a random writer's thousands of extents must not
+// take a chunk each.
+var chunkBufs = sync.Pool{New: func() any { b := make([]byte, 0, flushChunk); return &b }}
 
 // pooledExtent is the size from which an extent's data goes into a pooled
 // chunk buffer.
@@ -465,7 +467,7 @@ const pooledExtent = flushChunk / 16
 // has n bytes.
 func newExtentData(n int) []byte {
 	if n >= pooledExtent {
-		return (*extentBufs.Get().(*[]byte))[:0]
+		return (*chunkBufs.Get().(*[]byte))[:0]
 	}
 	return make([]byte, 0, n)
 }
@@ -486,7 +488,7 @@ func freeExtents(extents []extent) {
 	for _, e := range extents {
 		if cap(e.data) == flushChunk {
 			b := e.data[:0]
-			extentBufs.Put(&b)
+			chunkBufs.Put(&b)
 		}
 	}
 }
@@ -525,7 +527,7 @@ func packWrites(ino ids.Ino, extents []extent) []*wire.Request {
 				cur.Data = e.data[off : off+n : off+n]
 			} else {
 				if len(cur.Spans) == 2 {
-					buf := *writeBufs.Get().(*[]byte)
+					buf := *chunkBufs.Get().(*[]byte)
 					cur.Data = append(buf[:0], cur.Data...)
 				}
 				cur.Data = append(cur.Data, e.data[off:off+n]...)
@@ -544,18 +546,13 @@ func packWrites(ino ids.Ino, extents []extent) []*wire.Request {
 	return reqs
 }
 
-// writeBufs holds the data buffers of vectored write requests, which gather
-// scattered pages: a fresh 1 MiB buffer per request cost a page fault per
-// 4 KiB here, and its growth by appends a copy of each page several times.
-var writeBufs = sync.Pool{New: func() any { b := make([]byte, 0, flushChunk); return &b }}
-
 // releaseWrites returns the buffers of requests packWrites made, once
 // nothing sends them any more.
 func releaseWrites(reqs []*wire.Request) {
 	for _, r := range reqs {
 		if len(r.Spans) > 1 {
 			b := r.Data[:0]
-			writeBufs.Put(&b)
+			chunkBufs.Put(&b)
 			r.Data = nil
 		}
 	}

@@ -193,8 +193,8 @@ func readFrameReporting(r io.Reader, head *[frameHead]byte, progress func(body [
 
 // Bodies from pooledBodyMin up to pooledBodyCap bytes (a megabyte of file
 // data and the message around it) are read into pooled buffers: fresh
-// memory costs a page fault per 4 KiB on first touch, which made the copy
-// of a write's data out of QUIC a third of the server's time in a
+// memory costs a page fault per 4 KiB on first touch: the copy of a
+// write's data out of QUIC was a quarter of the server's profile in a
 // sequential write. Whoever owns such a body and is done with it gives it
 // back with Recycle.
 const (
