@@ -7,6 +7,7 @@ import (
 
 	"github.com/leasefs/leasefs/cache"
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -453,6 +454,8 @@ func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, buf []byte) 
 		return 0, err
 	}
 	n = copy(buf, rep.Data[min(off-start, uint64(len(rep.Data))):])
+	// the cache and buf have their copies
+	transport.Recycle(rep.Encoded())
 	c.readDone(ino, off, n)
 	return n, nil
 }

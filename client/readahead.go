@@ -6,6 +6,7 @@ import (
 
 	"github.com/leasefs/leasefs/cache"
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -158,11 +159,14 @@ func (c *Client) fetchAhead(ino ids.Ino, p *prefetch) {
 	if f := c.wb.file(ino, false); f != nil && f.size() > 0 {
 		return
 	}
-	_, _ = c.call(context.Background(), &wire.Request{Op: wire.OpRead, Ino: ino, Off: p.start, Size: p.end - p.start},
+	rep, _ := c.call(context.Background(), &wire.Request{Op: wire.OpRead, Ino: ino, Off: p.start, Size: p.end - p.start},
 		func(ch *cache.Cache, rep *wire.Reply) {
 			if rep.Code != wire.CodeOK || rep.Attr == nil {
 				return
 			}
 			ch.PutData(ino, p.start, rep.Data, uint64(len(rep.Data)) < p.end-p.start, rep.Attr.Version, gen)
 		})
+	if rep != nil {
+		transport.Recycle(rep.Encoded()) // the cache has its copy
+	}
 }

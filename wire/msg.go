@@ -539,7 +539,13 @@ type Reply struct {
 	// Owner, with CodeRedirect, is the server that owns the request's
 	// inode as far as the answering server knows.
 	Owner ids.ServerID
+
+	encoded []byte // what ParseReply parsed; Data points into it
 }
+
+// Encoded returns the bytes ParseReply parsed r from (nil for a reply
+// built here), for a caller that recycles them once done with Data.
+func (r *Reply) Encoded() []byte { return r.encoded }
 
 // Err returns the reply's error, nil for CodeOK.
 func (r *Reply) Err() error {
@@ -666,7 +672,7 @@ func (r *Reply) Append(b []byte) []byte {
 func ParseReply(b []byte) (*Reply, error) {
 	d := dec{b: b}
 	d.version()
-	r := &Reply{}
+	r := &Reply{encoded: b}
 	r.Code = Code(d.u16())
 	r.Msg = d.str(MaxPath)
 	mask := d.u16()

@@ -31,10 +31,15 @@ func TestReplyRoundTrip(t *testing.T) {
 		Names: []string{"user.a"}, Session: &Session{ID: 5, Server: 1, Tau: 2e9, Delta: 0.05, GraceEnd: 3},
 		StatFs: &StatFs{Blocks: 1, NameLen: 255}, Grants: []Grant{{Ino: 3, Mode: LockShared, Seq: 4}},
 		Lk: &PosixLk{Type: 1, End: 5}, Opens: 3, Owner: 2}
-	out, err := ParseReply(in.Append(nil))
+	b := in.Append(nil)
+	out, err := ParseReply(b)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !bytes.Equal(out.Encoded(), b) {
+		t.Fatal("Encoded is not the parsed bytes")
+	}
+	out.encoded = nil
 	if !reflect.DeepEqual(in, out) {
 		t.Fatalf("round trip:\n in %+v\nout %+v", in, out)
 	}
