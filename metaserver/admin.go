@@ -37,6 +37,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -135,14 +136,15 @@ func (s *Server) observed(ctx context.Context) transport.Handler {
 	}
 	m := v.(*metrics)
 	return func(ctx context.Context, tr *transport.Request) []byte {
-		start := time.Now()
-		out := s.handle(context.WithValue(ctx, observedKey{}, true), tr)
 		// The op is the request's second byte and the result the reply's
-		// u16 after the version byte (wire.Request/Reply.Append).
+		// u16 after the version byte (wire.Request/Reply.Append). The op
+		// is read first: handle may give the body back for reuse.
 		op, code := wire.Op(0), wire.CodeBadMessage
 		if len(tr.Body) > 1 {
 			op = wire.Op(tr.Body[1])
 		}
+		start := time.Now()
+		out := s.handle(context.WithValue(ctx, observedKey{}, true), tr)
 		if len(out) > 2 {
 			code = wire.Code(uint16(out[1]) | uint16(out[2])<<8)
 		}
@@ -290,6 +292,7 @@ type AdminStatus struct {
 	Listen       string        `json:"listen"`
 	Started      time.Time     `json:"started"`
 	Uptime       time.Duration `json:"uptime_ns"`
+	CPUs         int           `json:"cpus"` // GOMAXPROCS (serve --cpus)
 	ClientLease  time.Duration `json:"client_lease_ns"`
 	ClockDrift   float64       `json:"clock_drift"`
 	InGrace      bool          `json:"in_grace"` // restart grace: no new locks
@@ -374,7 +377,7 @@ type AdminCounters struct {
 func (s *Server) AdminStatus() AdminStatus {
 	lsm, vlog := s.store.Size()
 	st := AdminStatus{ServerID: s.cfg.ServerID, Listen: s.Addr().String(), Started: s.start,
-		Uptime: time.Since(s.start).Round(time.Millisecond), ClientLease: s.cfg.ClientLease,
+		Uptime: time.Since(s.start).Round(time.Millisecond), CPUs: runtime.GOMAXPROCS(0), ClientLease: s.cfg.ClientLease,
 		ClockDrift: s.cfg.ClockDrift, Peers: []PeerStatus{}, StoreLSM: lsm, StoreVlog: vlog}
 	if s.cl != nil {
 		st.Peers = s.cl.peerStatus()

@@ -309,18 +309,17 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	}
 	sess.lastSeen.Store(time.Now().UnixNano())
 	s.lm.noteProgress(sess.client, req.Ino)
+	var rep *wire.Reply
 	if req.Op == wire.OpBatch {
-		return s.batch(ctx, sess, req).Append(nil)
+		rep = s.batch(ctx, sess, req)
+	} else {
+		rep = s.dispatch(ctx, sess, req)
+		s.account(sess, req, rep)
 	}
-	rep := s.dispatch(ctx, sess, req)
-	s.account(sess, req, rep)
-	out := rep.Append(nil)
-	if req.Op == wire.OpWrite {
-		// the store copied the data (badger's commit, a replica change's
-		// clone) before the write returned
-		transport.Recycle(tr.Body)
-	}
-	return out
+	// Only Data points into the body, and the store copied it (badger's
+	// commit, a replica change's clone) before the request returned.
+	transport.Recycle(tr.Body)
+	return rep.Append(nil)
 }
 
 // account counts a failed request, and logs it if the server, not the

@@ -196,30 +196,51 @@ func readFrameReporting(r io.Reader, head *[frameHead]byte, progress func(body [
 // memory costs a page fault per 4 KiB on first touch: the copy of a
 // write's data out of QUIC was a quarter of the server's profile in a
 // sequential write. Whoever owns such a body and is done with it gives it
-// back with Recycle.
+// back with Recycle. The buffers come in a few sizes, each at most twice
+// its bodies: a batch of small files' writes (tens of KiB) in a megabyte
+// buffer cost the server a megabyte to clear each time it was not given
+// back.
 const (
 	pooledBodyMin = 64 << 10
 	pooledBodyCap = 1<<20 + 64<<10
 )
 
-var bodyPool = sync.Pool{New: func() any { b := make([]byte, pooledBodyCap); return &b }}
+var bodySizes = [...]int{128 << 10, 256 << 10, 512 << 10, pooledBodyCap}
+
+var bodyPools [len(bodySizes)]sync.Pool
+
+// bodySize returns the index of the smallest buffer size that holds n
+// bytes, or -1 past the largest.
+func bodySize(n int) int {
+	for i, c := range bodySizes {
+		if n <= c {
+			return i
+		}
+	}
+	return -1
+}
 
 func newBody(n int) []byte {
-	if n < pooledBodyMin || n > pooledBodyCap {
+	i := bodySize(n)
+	if n < pooledBodyMin || i < 0 {
 		return make([]byte, n)
 	}
-	return (*bodyPool.Get().(*[]byte))[:n]
+	if b, ok := bodyPools[i].Get().(*[]byte); ok {
+		return (*b)[:n]
+	}
+	return make([]byte, n, bodySizes[i])
 }
 
 // Recycle gives back a body the transport returned (a request's, a
 // reply's or a callback's, whole as it came), once nothing refers to any
 // part of it any more. Other slices are left to the garbage collector.
 func Recycle(body []byte) {
-	if cap(body) != pooledBodyCap {
+	i := bodySize(cap(body))
+	if i < 0 || cap(body) != bodySizes[i] || len(body) < pooledBodyMin {
 		return
 	}
-	b := body[:pooledBodyCap]
-	bodyPool.Put(&b)
+	b := body[:cap(body)]
+	bodyPools[i].Put(&b)
 }
 
 // smallFrame is the body size up to which a frame is copied into one buffer

@@ -141,8 +141,9 @@ func TestReadFrameReporting(t *testing.T) {
 	}
 }
 
-// TestPooledBodies: a body of a megabyte or so is read into a pooled
-// buffer that Recycle takes back, and what is read into a recycled buffer
+// TestPooledBodies: a body of 64 KiB to a megabyte or so is read into a
+// pooled buffer of the smallest size that holds it, which Recycle takes
+// back, and what is read into a recycled buffer
 // is the new body whole; smaller and larger bodies are the heap's, and
 // Recycle leaves them (and any part of a body) alone.
 func TestPooledBodies(t *testing.T) {
@@ -165,11 +166,14 @@ func TestPooledBodies(t *testing.T) {
 			t.Errorf("a body of %d bytes has a buffer of %d", n, cap(b))
 		}
 	}
-	for i, n := range []int{pooledBodyMin, 1 << 20, pooledBodyCap, 100 << 10} {
-		body := bytes.Repeat([]byte{byte(i + 1)}, n)
+	for i, tc := range []struct{ n, size int }{
+		{pooledBodyMin, 128 << 10}, {1 << 20, pooledBodyCap}, {pooledBodyCap, pooledBodyCap},
+		{100 << 10, 128 << 10}, {128<<10 + 1, 256 << 10}, {300 << 10, 512 << 10}, {512 << 10, 512 << 10},
+	} {
+		body := bytes.Repeat([]byte{byte(i + 1)}, tc.n)
 		b := read(body)
-		if cap(b) != pooledBodyCap {
-			t.Fatalf("a body of %d bytes has a buffer of %d, not a pooled one", n, cap(b))
+		if cap(b) != tc.size {
+			t.Fatalf("a body of %d bytes has a buffer of %d, want a pooled one of %d", tc.n, cap(b), tc.size)
 		}
 		Recycle(b[1:]) // a part: left alone
 		Recycle(b)
