@@ -269,26 +269,39 @@ func TestMountSyncHolder(t *testing.T) {
 	_ = f.Close()
 }
 
-// TestMountCPUs: a mount uses the CPUs --cpus gives it, by default half
-// the machine's (at least 1), or GOMAXPROCS from the environment.
-func TestMountCPUs(t *testing.T) {
-	s := startServer(t)
-	cpus := func(m *mount) int {
+// TestCPUs: a mount and a server use the CPUs --cpus gives them; by
+// default a mount half the machine's (at least 1) and a server all, or
+// GOMAXPROCS from the environment.
+func TestCPUs(t *testing.T) {
+	cpus := func(args ...string) int {
 		var st struct{ CPUs int }
-		out := admin(t, "--mount", m.dir, "status", "--json")
+		out := admin(t, append(args, "status", "--json")...)
 		if err := json.Unmarshal([]byte(out), &st); err != nil {
-			t.Fatalf("mount status: %v\n%s", err, out)
+			t.Fatalf("status: %v\n%s", err, out)
 		}
 		return st.CPUs
 	}
-	if n := cpus(startMount(t, s, "--cpus", "3")); n != 3 {
-		t.Errorf("--cpus 3: the mount uses %d", n)
+	orEnv := func(n int) int {
+		if env := os.Getenv("GOMAXPROCS"); env != "" {
+			n, _ = strconv.Atoi(env)
+		}
+		return n
 	}
-	want := max(1, runtime.GOMAXPROCS(0)/2) // this process's default is the mount's
-	if env := os.Getenv("GOMAXPROCS"); env != "" {
-		want, _ = strconv.Atoi(env)
+	adminAddr := freeTCPAddr(t)
+	s := startServer(t, "--admin", adminAddr, "--cpus", "3")
+	if n := cpus("--server", adminAddr); n != 3 {
+		t.Errorf("serve --cpus 3: the server uses %d", n)
 	}
-	if n := cpus(startMount(t, s)); n != want {
+	adminAddr = freeTCPAddr(t)
+	startServer(t, "--admin", adminAddr)
+	// this process's default is the server's and the mount's
+	if n, want := cpus("--server", adminAddr), orEnv(runtime.GOMAXPROCS(0)); n != want {
+		t.Errorf("by default the server uses %d CPUs, want %d", n, want)
+	}
+	if n := cpus("--mount", startMount(t, s, "--cpus", "3").dir); n != 3 {
+		t.Errorf("mount --cpus 3: the mount uses %d", n)
+	}
+	if n, want := cpus("--mount", startMount(t, s).dir), orEnv(max(1, runtime.GOMAXPROCS(0)/2)); n != want {
 		t.Errorf("by default the mount uses %d CPUs, want %d", n, want)
 	}
 }

@@ -88,6 +88,7 @@ func TestBadFlags(t *testing.T) {
 		{"serve", "--data", t.TempDir(), "--bogus"},
 		{"mount", "--server", "x:1"}, // no token, no mountpoint
 		{"mount", "--server", "x:1", "--token", "x", "--cpus", "-1", t.TempDir()},
+		{"serve", "--data", t.TempDir(), "--cpus", "-1"},
 		{"nosuchcommand"},
 	} {
 		out, err := exec.Command(binary, args...).CombinedOutput()

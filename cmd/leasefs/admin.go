@@ -279,6 +279,7 @@ func printStatus(w io.Writer, body []byte) error {
 		fmt.Fprintf(tw, "server\t%v\n", st.ServerID)
 		fmt.Fprintf(tw, "listen\t%s\n", st.Listen)
 		fmt.Fprintf(tw, "uptime\t%v\n", st.Uptime.Round(time.Second))
+		fmt.Fprintf(tw, "cpus\t%d\n", st.CPUs)
 		fmt.Fprintf(tw, "client lease\t%v (δ %g)\n", st.ClientLease, st.ClockDrift)
 		fmt.Fprintf(tw, "in grace\t%v\n", st.InGrace)
 		fmt.Fprintf(tw, "peers\t%s\n", peers)

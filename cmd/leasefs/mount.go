@@ -58,7 +58,7 @@ func runMount(argv []string) error {
 	if *cpus < 0 {
 		return errors.New("--cpus must not be negative")
 	}
-	setMountCPUs(*cpus)
+	setCPUs(*cpus, mountCPUs())
 	if os.Getenv("GOMEMLIMIT") == "" {
 		// Collect before the heap doubles past the caches: full caches are
 		// live data, and the default GOGC would let the process grow to
@@ -96,24 +96,15 @@ func runMount(argv []string) error {
 	return mountAndServe(cfg, fs.Arg(0), lfs.MountOptions{Debug: debug}, log)
 }
 
-// setMountCPUs sets the mount's GOMAXPROCS: n, or by default half the
-// CPUs Go would use (at least 1) unless GOMAXPROCS is set. A mount serves
-// applications on the same machine; its work per request is short and
-// handed between goroutines (FUSE reader, QUIC connection, sender), and
-// with a P per CPU each hand-off may wake an idle thread that then spins
-// for work, on the CPUs the applications need. Measured on 2 CPUs shared
-// with the application and the server, 1 instead of 2: create −20 %,
-// unlink and rm -rf −10 to −20 %; appends, sequential writes and reads no
-// slower.
-func setMountCPUs(n int) {
-	if n == 0 {
-		if os.Getenv("GOMAXPROCS") != "" {
-			return
-		}
-		n = max(1, runtime.GOMAXPROCS(0)/2)
-	}
-	runtime.GOMAXPROCS(n)
-}
+// mountCPUs is the mount's default GOMAXPROCS: half the CPUs Go would
+// use, at least 1. A mount serves applications on the same machine; its
+// work per request is short and handed between goroutines (FUSE reader,
+// QUIC connection, sender), and with a P per CPU each hand-off may wake an
+// idle thread that then spins for work, on the CPUs the applications
+// need. Measured on 2 CPUs shared with the application and the server, 1
+// instead of 2: create −20 %, unlink and rm -rf −10 to −20 %; appends,
+// sequential writes and reads no slower.
+func mountCPUs() int { return max(1, runtime.GOMAXPROCS(0)/2) }
 
 // mountAndServe connects, mounts and serves until unmount or signal.
 func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, log *slog.Logger) error {
