@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -269,9 +270,10 @@ func TestMountSyncHolder(t *testing.T) {
 	_ = f.Close()
 }
 
-// TestCPUs: a mount and a server use the CPUs --cpus gives them; by
-// default a mount half the machine's (at least 1) and a server all, or
-// GOMAXPROCS from the environment.
+// TestCPUs: a mount and a server use the CPUs --cpus gives them, or
+// GOMAXPROCS from the environment; by default a mount half the machine's
+// (at least 1), and a server one once idle (cmd/leasefs/cpus.go; all
+// while busy, TestCPUPolicy).
 func TestCPUs(t *testing.T) {
 	cpus := func(args ...string) int {
 		var st struct{ CPUs int }
@@ -294,13 +296,14 @@ func TestCPUs(t *testing.T) {
 	}
 	adminAddr = freeTCPAddr(t)
 	startServer(t, "--admin", adminAddr)
-	// this process's default is the server's and the mount's
-	if n, want := cpus("--server", adminAddr), orEnv(runtime.GOMAXPROCS(0)); n != want {
-		t.Errorf("by default the server uses %d CPUs, want %d", n, want)
-	}
+	want := orEnv(1)
+	waitFor(t, 10*time.Second, fmt.Sprintf("the idle server to use %d CPUs", want), func() bool {
+		return cpus("--server", adminAddr) == want
+	})
 	if n := cpus("--mount", startMount(t, s, "--cpus", "3").dir); n != 3 {
 		t.Errorf("mount --cpus 3: the mount uses %d", n)
 	}
+	// this process's default is the mount's
 	if n, want := cpus("--mount", startMount(t, s).dir), orEnv(max(1, runtime.GOMAXPROCS(0)/2)); n != want {
 		t.Errorf("by default the mount uses %d CPUs, want %d", n, want)
 	}

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -418,16 +417,11 @@ func tmpfsDir(t testing.TB, name string) string {
 }
 
 // startPerfLeasefs starts a server whose data directory is on tmpfs and
-// mounts it; both log at info level (debug logging costs time). The
-// server and the mount share this machine with the workload, so the
-// server gets half its CPUs, as the mount does by default (serve --cpus):
-// on 2 CPUs, 1 instead of all 2 cut the server's CPU time for an untar
-// by 40 % and open-append-close by 30 %.
+// mounts it; both log at info level (debug logging costs time).
 func startPerfLeasefs(t testing.TB) (*server, *mount) {
 	t.Helper()
 	requireFUSE(t)
-	cpus := strconv.Itoa(max(1, runtime.GOMAXPROCS(0)/2))
-	s := &server{dir: tmpfsDir(t, "data"), addr: freeUDPAddr(t), extra: []string{"--log-level", "info", "--cpus", cpus}}
+	s := &server{dir: tmpfsDir(t, "data"), addr: freeUDPAddr(t), extra: []string{"--log-level", "info"}}
 	s.tokenFile = filepath.Join(s.dir, "token")
 	s.start(t)
 	return s, startMount(t, s, "--log-level", "info")

@@ -151,6 +151,8 @@ type Counters struct {
 	Requests, Errors, NacksSent, SessionsOpened atomic.Int64
 	// Replayed: resent changes found already applied (store_done.go)
 	Replayed atomic.Int64
+	// Bytes: request and reply bodies, the sign of bulk data moving
+	Bytes atomic.Int64
 }
 
 // Start opens the store (failing at once if another server uses the data
@@ -288,6 +290,7 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 		return h(ctx, tr)
 	}
 	s.counters.Requests.Add(1)
+	s.counters.Bytes.Add(int64(len(tr.Body)))
 	req, err := wire.ParseRequest(tr.Body)
 	if err != nil {
 		s.log.Warn("malformed request", "client", tr.Client, "err", err)
@@ -319,6 +322,7 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	// Only Data points into the body, and the store copied it (badger's
 	// commit, a replica change's clone) before the request returned.
 	transport.Recycle(tr.Body)
+	s.counters.Bytes.Add(int64(len(rep.Data)))
 	return rep.Append(nil)
 }
 
@@ -550,3 +554,6 @@ func errReply(err error) *wire.Reply {
 	}
 	return &wire.Reply{}
 }
+
+// BytesMoved returns the request and reply bodies' bytes so far.
+func (s *Server) BytesMoved() int64 { return s.counters.Bytes.Load() }

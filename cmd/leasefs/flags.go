@@ -62,15 +62,3 @@ func (l *logFlags) logger() (*slog.Logger, error) {
 	}
 	return nil, fmt.Errorf("bad --log-format %q: want text or json", l.format)
 }
-
-// setCPUs sets GOMAXPROCS to n, a --cpus flag's value; 0 keeps GOMAXPROCS
-// from the environment if set, else sets def.
-func setCPUs(n, def int) {
-	if n == 0 {
-		if os.Getenv("GOMAXPROCS") != "" {
-			return
-		}
-		n = def
-	}
-	runtime.GOMAXPROCS(n)
-}

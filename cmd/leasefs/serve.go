@@ -139,9 +139,9 @@ func runServe(argv []string) error {
 			_ = fs.MarkHidden("peer-faults")
 			_ = fs.MarkHidden("idle-release")
 			_ = fs.MarkHidden("anti-entropy")
-			fs.IntVar(&f.cpus, "cpus", 0, "CPUs the server's work may use at once (Go's GOMAXPROCS); 0: all of this machine's\n"+
-				"(or GOMAXPROCS from the environment). On a machine that mounts or other busy programs share,\n"+
-				"fewer can be faster: each hand-off of a request between goroutines may wake an idle CPU")
+			fs.IntVar(&f.cpus, "cpus", 0, "CPUs the server's work may use at once (Go's GOMAXPROCS); 0: follow the load, one CPU\n"+
+				"while that is enough, all of this machine's while data moves in bulk or one CPU is busy\n"+
+				"(GOMAXPROCS from the environment fixes it too)")
 			addAdminFlag(fs) // --admin HOST:PORT, default off (admin.go)
 		})
 	if err != nil {
@@ -153,10 +153,10 @@ func runServe(argv []string) error {
 	if f.cpus < 0 {
 		return errors.New("--cpus must not be negative")
 	}
-	// Measured on 2 CPUs shared with a mount and its application, 1
-	// instead of 2: the server's CPU time for an untar −40 %, its context
-	// switches −55 %, open-append-close −30 %; nothing slower.
-	setCPUs(f.cpus, runtime.GOMAXPROCS(0))
+	adapt := f.cpus == 0 && os.Getenv("GOMAXPROCS") == "" // cpus.go
+	if f.cpus > 0 {
+		runtime.GOMAXPROCS(f.cpus)
+	}
 	if f.cfg.Dir == "" {
 		return fmt.Errorf("--data DIR is required")
 	}
@@ -182,6 +182,9 @@ func runServe(argv []string) error {
 	if err := startAdmin(srv); err != nil {
 		srv.Close()
 		return err
+	}
+	if adapt {
+		go adaptCPUs(ctx, srv.BytesMoved, f.cfg.Logger)
 	}
 	<-ctx.Done()
 	f.cfg.Logger.Info("shutting down")
