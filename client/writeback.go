@@ -44,10 +44,19 @@ type extent struct {
 }
 
 // dirtyFile is one file's buffered writes: disjoint extents in ascending
-// order, a later write copied over the bytes of earlier ones it overlaps.
+// order (extents()), a later write copied over the bytes of earlier ones it
+// overlaps.
 type dirtyFile struct {
-	mu      sync.Mutex // held while flushing, so flushes of one file are ordered
-	extents []extent
+	mu sync.Mutex // held while flushing, so flushes of one file are ordered
+	// settled and pending are each sorted, and disjoint from each other
+	// and between themselves. A write that overlaps nothing goes into
+	// pending, a write that overlaps something into settled (after
+	// settle); settle merges pending in once it holds maxPending extents
+	// or the extents are wanted. Inserting every random page write into
+	// one slice moved the slice's tail each time: 16,384 random pages
+	// took 250 ms.
+	settled []extent
+	pending []extent
 	bytes   int // in extents
 	// attrs is a buffered attribute change (mode, owner, times; never the
 	// size), sent after the writes: tar, cp -p and rsync set three per file.
@@ -65,7 +74,7 @@ type dirtyFile struct {
 const bufferedAttrs = wire.WriteAttrs
 
 // dirty reports whether f holds anything not yet sent. Called with f.mu.
-func (f *dirtyFile) dirty() bool { return len(f.extents) > 0 || f.attrs != nil }
+func (f *dirtyFile) dirty() bool { return len(f.settled)+len(f.pending) > 0 || f.attrs != nil }
 
 type writeback struct {
 	mu    sync.Mutex
@@ -95,8 +104,9 @@ func (w *writeback) file(ino ids.Ino, create bool) *dirtyFile {
 // its changes are at the server (or lost).
 func (w *writeback) retire(ino ids.Ino, f *dirtyFile) {
 	w.total.Add(-int64(f.bytes))
-	freeExtents(f.extents)
-	f.extents, f.bytes, f.attrs = nil, 0, nil
+	freeExtents(f.settled)
+	freeExtents(f.pending)
+	f.settled, f.pending, f.bytes, f.attrs = nil, nil, 0, nil
 	w.mu.Lock()
 	if w.files[ino] == f {
 		delete(w.files, ino)
@@ -285,7 +295,7 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	c.behind.wait(ino)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	reqs := packWrites(ino, f.extents)
+	reqs := packWrites(ino, f.extents())
 	defer releaseWrites(reqs)
 	attrs := f.attrs
 	if attrs != nil && len(reqs) == 1 {
@@ -323,7 +333,7 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 // small file a tool creates, writes and closes costs one round trip and one
 // server request. It reports whether it sent them. Called with f.mu held.
 func (c *Client) flushWithCreate(ctx context.Context, ino ids.Ino, f *dirtyFile) (bool, error) {
-	reqs := packWrites(ino, f.extents)
+	reqs := packWrites(ino, f.extents())
 	defer releaseWrites(reqs)
 	if len(reqs) != 1 {
 		return false, nil
@@ -400,38 +410,78 @@ func withAttrs(w, a *wire.Request) {
 	w.Atime, w.Mtime, w.Ctime = a.Atime, a.Mtime, a.Ctime
 }
 
+// maxPending is how many extents dirtyFile.pending holds before they are
+// merged into settled: a merge moves all extents, an insert into pending
+// at most this many.
+const maxPending = 256
+
+// extents returns f's extents, in ascending order.
+func (f *dirtyFile) extents() []extent {
+	f.settle()
+	return f.settled
+}
+
+// settle merges pending into settled, from the back, in place.
+func (f *dirtyFile) settle() {
+	n, m := len(f.settled), len(f.pending)
+	if m == 0 {
+		return
+	}
+	f.settled = slices.Grow(f.settled, m)[:n+m]
+	i, j := n-1, m-1
+	for k := n + m - 1; j >= 0; k-- {
+		if i >= 0 && f.settled[i].off > f.pending[j].off {
+			f.settled[k] = f.settled[i]
+			i--
+		} else {
+			f.settled[k] = f.pending[j]
+			j--
+		}
+	}
+	clear(f.pending)
+	f.pending = f.pending[:0]
+}
+
+// endingAfter returns the index of the first of the sorted extents that
+// ends after off.
+func endingAfter(extents []extent, off uint64) int {
+	i, _ := slices.BinarySearchFunc(extents, off, func(e extent, off uint64) int {
+		return cmp.Compare(e.end(), off+1)
+	})
+	return i
+}
+
 // add buffers a write of data at off: bytes of extents it overlaps are
 // overwritten in place, the rest become new extents; a write that continues
 // the last extent extends it, so sequential writes become large requests.
 func (f *dirtyFile) add(off uint64, data []byte) {
+	if len(data) == 0 {
+		return
+	}
 	end := off + uint64(len(data))
+	p := endingAfter(f.pending, off)
+	if p < len(f.pending) && f.pending[p].off < end {
+		f.settle()
+		p = 0
+	}
 	// the first extent ending after off: extents before it are untouched
-	i, _ := slices.BinarySearchFunc(f.extents, off, func(e extent, off uint64) int {
-		return cmp.Compare(e.end(), off+1)
-	})
-	if i == len(f.extents) {
-		for len(data) > 0 {
-			n := len(f.extents)
-			if n == 0 || f.extents[n-1].end() != off || len(f.extents[n-1].data) >= flushChunk {
-				f.extents = append(f.extents, extent{off: off, data: newExtentData(len(data))})
-				n++
-			}
-			last := &f.extents[n-1]
-			take := min(len(data), flushChunk-len(last.data))
-			if cap(last.data)-len(last.data) < take {
-				last.data = growExtentData(last.data, take)
-			}
-			last.data = append(last.data, data[:take]...)
-			f.bytes += take
-			off += uint64(take)
-			data = data[take:]
+	i := endingAfter(f.settled, off)
+	switch {
+	case i == len(f.settled) && p == len(f.pending):
+		f.appendAt(off, data)
+		return
+	case i == len(f.settled) || f.settled[i].off >= end:
+		f.pending = slices.Insert(f.pending, p, extent{off: off, data: bytes.Clone(data)})
+		f.bytes += len(data)
+		if len(f.pending) >= maxPending {
+			f.settle()
 		}
 		return
 	}
 	var merged []extent
 	pos, j := off, i
-	for ; j < len(f.extents) && f.extents[j].off < end; j++ {
-		e := f.extents[j]
+	for ; j < len(f.settled) && f.settled[j].off < end; j++ {
+		e := f.settled[j]
 		if pos < e.off {
 			merged = append(merged, extent{off: pos, data: bytes.Clone(data[pos-off : e.off-off])})
 			f.bytes += int(e.off - pos)
@@ -445,7 +495,28 @@ func (f *dirtyFile) add(off uint64, data []byte) {
 		merged = append(merged, extent{off: pos, data: bytes.Clone(data[pos-off:])})
 		f.bytes += int(end - pos)
 	}
-	f.extents = slices.Replace(f.extents, i, j, merged...)
+	f.settled = slices.Replace(f.settled, i, j, merged...)
+}
+
+// appendAt adds a write after every extent: it extends the last settled
+// extent if it continues it, in chunk buffers for a sequential writer.
+func (f *dirtyFile) appendAt(off uint64, data []byte) {
+	for len(data) > 0 {
+		n := len(f.settled)
+		if n == 0 || f.settled[n-1].end() != off || len(f.settled[n-1].data) >= flushChunk {
+			f.settled = append(f.settled, extent{off: off, data: newExtentData(len(data))})
+			n++
+		}
+		last := &f.settled[n-1]
+		take := min(len(data), flushChunk-len(last.data))
+		if cap(last.data)-len(last.data) < take {
+			last.data = growExtentData(last.data, take)
+		}
+		last.data = append(last.data, data[:take]...)
+		f.bytes += take
+		off += uint64(take)
+		data = data[take:]
+	}
 }
 
 func (e extent) end() uint64 { return e.off + uint64(len(e.data)) }
@@ -720,7 +791,7 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, req
 		return
 	}
 	if reqs == nil {
-		reqs = packWrites(ino, f.extents)
+		reqs = packWrites(ino, f.extents())
 		defer releaseWrites(reqs)
 	}
 	var err error

@@ -30,8 +30,8 @@ func TestDirtyFileWrites(t *testing.T) {
 				off, n = off&^4095, 4096
 			case r.IntN(4) == 0:
 				n = 1 + r.IntN(2*flushChunk)
-			case r.IntN(3) == 0 && len(f.extents) > 0: // continue the last extent
-				off = int(f.extents[len(f.extents)-1].end())
+			case r.IntN(3) == 0 && len(f.settled) > 0: // continue the last settled extent
+				off = int(f.settled[len(f.settled)-1].end())
 			}
 			k := r.IntN(len(noise) - n)
 			data := noise[k : k+n : k+n]
@@ -47,7 +47,7 @@ func TestDirtyFileWrites(t *testing.T) {
 		written := make([]byte, len(model))
 		var prevEnd uint64
 		total := 0
-		for i, e := range f.extents {
+		for i, e := range f.extents() {
 			if len(e.data) == 0 || (i > 0 && e.off < prevEnd) {
 				t.Fatalf("seed %d: extent %d (%d+%d) is empty or not after the one before (end %d)", seed, i, e.off, len(e.data), prevEnd)
 			}
@@ -62,7 +62,7 @@ func TestDirtyFileWrites(t *testing.T) {
 
 		sent := make([]byte, len(model))
 		var last uint64
-		for i, req := range packWrites(1, f.extents) {
+		for i, req := range packWrites(1, f.extents()) {
 			spans := req.Spans
 			if spans == nil {
 				spans = []wire.Span{{Off: req.Off, Len: uint32(len(req.Data))}}
@@ -110,25 +110,25 @@ func TestExtentBuffers(t *testing.T) {
 	}
 	// 10 KiB records do not end on a chunk: the last one's tail begins a
 	// fourth extent
-	if len(seq.extents) != 4 {
-		t.Fatalf("3 MiB of records made %d extents", len(seq.extents))
+	if len(seq.extents()) != 4 {
+		t.Fatalf("3 MiB of records made %d extents", len(seq.extents()))
 	}
-	for i, e := range seq.extents[:3] {
+	for i, e := range seq.extents()[:3] {
 		if e.off != uint64(i*flushChunk) || len(e.data) != flushChunk || cap(e.data) != flushChunk {
 			t.Errorf("sequential extent %d: %d+%d (cap %d), want a whole chunk in a chunk buffer", i, e.off, len(e.data), cap(e.data))
 		}
 	}
 	var big dirtyFile
 	big.add(100, bytes.Repeat([]byte("b"), 2*flushChunk+5))
-	if len(big.extents) != 3 || big.bytes != 2*flushChunk+5 || cap(big.extents[0].data) != flushChunk {
-		t.Errorf("a write of two chunks and a bit made %d extents of %d bytes", len(big.extents), big.bytes)
+	if len(big.extents()) != 3 || big.bytes != 2*flushChunk+5 || cap(big.extents()[0].data) != flushChunk {
+		t.Errorf("a write of two chunks and a bit made %d extents of %d bytes", len(big.extents()), big.bytes)
 	}
 	var random dirtyFile
 	page := bytes.Repeat([]byte("p"), 4096)
 	for i := range 100 {
 		random.add(uint64(i*3)*4096, page)
 	}
-	for _, e := range random.extents {
+	for _, e := range random.extents() {
 		if cap(e.data) > 2*len(page) {
 			t.Fatalf("a page extent holds a buffer of %d bytes", cap(e.data))
 		}
@@ -146,9 +146,26 @@ func BenchmarkDirtyFileSequential(b *testing.B) {
 		for off := uint64(0); off < 8<<20; off += uint64(len(record)) {
 			f.add(off, record)
 			if f.bytes >= flushChunk {
-				freeExtents(f.extents)
-				f.extents, f.bytes = nil, 0
+				freeExtents(f.extents())
+				f.settled, f.bytes = nil, 0
 			}
 		}
+	}
+}
+
+// BenchmarkDirtyFileRandom buffers 16,384 random 4 KiB page writes into a
+// 256 MiB file (64 MiB, the flush threshold) and packs them into requests,
+// as the suite's random buffered writes do.
+func BenchmarkDirtyFileRandom(b *testing.B) {
+	page := make([]byte, 4096)
+	const pages = 256 << 20 / 4096
+	b.SetBytes(64 << 20)
+	b.ReportAllocs()
+	for b.Loop() {
+		f := &dirtyFile{}
+		for i := range 16384 {
+			f.add(uint64((i*7919*7919+i*104729)%pages)*4096, page)
+		}
+		releaseWrites(packWrites(1, f.extents()))
 	}
 }
