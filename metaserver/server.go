@@ -323,7 +323,11 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	// commit, a replica change's clone) before the request returned.
 	transport.Recycle(tr.Body)
 	s.counters.Bytes.Add(int64(len(rep.Data)))
-	return rep.Append(nil)
+	out := rep.Append(nil)
+	if req.Op == wire.OpRead {
+		transport.Recycle(rep.Data) // copied into out (ops.go, OpRead)
+	}
+	return out
 }
 
 // account counts a failed request, and logs it if the server, not the

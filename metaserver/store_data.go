@@ -23,13 +23,14 @@ func (tx *Tx) pageBuf() []byte {
 // Read returns up to size bytes at off: short at end of file, holes read as
 // zeros. The caller owns the returned slice.
 func (s *Store) Read(ino ids.Ino, off uint64, size int) ([]byte, error) {
-	out, _, err := s.ReadWithAttr(ino, off, size)
+	out, _, err := s.ReadWithAttr(ino, off, size, nil)
 	return out, err
 }
 
 // ReadWithAttr is Read that also returns the attributes the data belongs
-// to (their Version orders reads of the same file).
-func (s *Store) ReadWithAttr(ino ids.Ino, off uint64, size int) ([]byte, Attr, error) {
+// to (their Version orders reads of the same file). alloc, unless nil,
+// gives the buffer for n bytes of data (its contents may be anything).
+func (s *Store) ReadWithAttr(ino ids.Ino, off uint64, size int, alloc func(n int) []byte) ([]byte, Attr, error) {
 	if size < 0 {
 		return nil, Attr{}, wire.Errf(wire.CodeInvalid, "read of %d bytes", size)
 	}
@@ -48,7 +49,13 @@ func (s *Store) ReadWithAttr(ino ids.Ino, off uint64, size int) ([]byte, Attr, e
 			out = []byte{}
 			return nil
 		}
-		out = make([]byte, min(uint64(size), n.Size-off))
+		m := int(min(uint64(size), n.Size-off))
+		if alloc != nil {
+			out = alloc(m)[:m]
+			clear(out) // holes read as zeros
+		} else {
+			out = make([]byte, m)
+		}
 		return tx.readPages(ino, off, out)
 	})
 	if err != nil {

@@ -631,6 +631,18 @@ func TestStoreReadWrite(t *testing.T) {
 			t.Fatalf("ReadAt %d at %d differs", n, off)
 		}
 	}
+	// A reused buffer (the server's reads use pooled ones) holds stale
+	// bytes: holes, whole pages and the rest of a short page, must still
+	// read as zeros.
+	g := must[Attr](t)(s.Create(ids.RootIno, "g", reg|0o644, 0, 0, 0, 1))
+	must[Attr](t)(s.Write(g.Ino, 3*PageSize+5, []byte("x"), 2))
+	must[Attr](t)(s.Write(g.Ino, 5*PageSize-1, []byte("y"), 2))
+	want := make([]byte, 5*PageSize)
+	want[3*PageSize+5], want[5*PageSize-1] = 'x', 'y'
+	stale := func(m int) []byte { return bytes.Repeat([]byte{0xee}, m+5) }
+	if got, _, err := s.ReadWithAttr(g.Ino, 0, len(want)+10, stale); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("a read into a used buffer differs (%v)", err)
+	}
 	v := must[Attr](t)(s.GetAttr(f.Ino)).Version
 	if a := must[Attr](t)(s.Write(f.Ino, 0, nil, 99)); a.Version != v || a.Mtime == 99 {
 		t.Fatal("empty write changed the file")

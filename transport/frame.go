@@ -171,7 +171,7 @@ func readFrameReporting(r io.Reader, head *[frameHead]byte, progress func(body [
 	}
 	var body []byte
 	if n > 0 {
-		body = newBody(n)
+		body = Buffer(n)
 		for got := 0; got < n; {
 			end := n
 			if progress != nil {
@@ -220,7 +220,9 @@ func bodySize(n int) int {
 	return -1
 }
 
-func newBody(n int) []byte {
+// Buffer returns n bytes to read a body into or to build one in (contents
+// undefined), pooled for the sizes the pool keeps; Recycle gives it back.
+func Buffer(n int) []byte {
 	i := bodySize(n)
 	if n < pooledBodyMin || i < 0 {
 		return make([]byte, n)
