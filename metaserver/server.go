@@ -323,10 +323,15 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	// commit, a replica change's clone) before the request returned.
 	transport.Recycle(tr.Body)
 	s.counters.Bytes.Add(int64(len(rep.Data)))
-	out := rep.Append(nil)
-	if req.Op == wire.OpRead {
-		transport.Recycle(rep.Data) // copied into out (ops.go, OpRead)
+	if req.Op != wire.OpRead {
+		return rep.Append(nil)
 	}
+	// A read can run again: the transport keeps no copy of its reply,
+	// which can then be a pooled buffer too (room for the reply around
+	// the data, which the reply copies; ops.go, OpRead).
+	tr.Idempotent = true
+	out := rep.Append(transport.Buffer(len(rep.Data) + 4<<10)[:0])
+	transport.Recycle(rep.Data)
 	return out
 }
 

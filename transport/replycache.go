@@ -39,6 +39,7 @@ type replyEntry struct {
 	done    chan struct{} // closed when reply is set
 	reply   []byte
 	dropped bool // body dropped for the byte bound
+	rerun   bool // idempotent: no body kept, a duplicate runs again
 }
 
 func newReplyCache(size, maxBytes int) *replyCache {
@@ -62,8 +63,18 @@ func (c *replyCache) begin(seq uint64) (e *replyEntry, run bool, err error) {
 }
 
 func (c *replyCache) finish(seq uint64, e *replyEntry, reply []byte) {
+	c.finishEntry(seq, e, reply, false)
+}
+
+// finishRerun finishes an idempotent request's entry without its reply:
+// a duplicate runs the request again (rerun).
+func (c *replyCache) finishRerun(seq uint64, e *replyEntry) {
+	c.finishEntry(seq, e, nil, true)
+}
+
+func (c *replyCache) finishEntry(seq uint64, e *replyEntry, reply []byte, rerun bool) {
 	c.mu.Lock()
-	e.reply = reply
+	e.reply, e.rerun, e.dropped = reply, rerun, rerun
 	c.order = append(c.order, seq)
 	c.bytes += len(reply)
 	for c.live() > c.size {
@@ -107,9 +118,9 @@ func (c *replyCache) pop() uint64 {
 }
 
 // result returns a finished entry's reply; ok is false if its body was
-// dropped.
-func (c *replyCache) result(e *replyEntry) (reply []byte, ok bool) {
+// dropped, or never kept (rerun).
+func (c *replyCache) result(e *replyEntry) (reply []byte, ok, rerun bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return e.reply, !e.dropped
+	return e.reply, !e.dropped, e.rerun
 }

@@ -22,14 +22,14 @@ func TestReplyCacheDedup(t *testing.T) {
 	}
 	c.finish(1, e, []byte("r1"))
 	<-dup.done
-	if r, ok := c.result(dup); !ok || string(r) != "r1" {
+	if r, ok, _ := c.result(dup); !ok || string(r) != "r1" {
 		t.Fatalf("result %q %v", r, ok)
 	}
 	dup, run, _ = c.begin(1)
 	if run {
 		t.Fatal("finished duplicate must not run")
 	}
-	if r, _ := c.result(dup); string(r) != "r1" {
+	if r, _, _ := c.result(dup); string(r) != "r1" {
 		t.Fatalf("cached %q", r)
 	}
 }
@@ -57,7 +57,7 @@ func TestReplyCacheEviction(t *testing.T) {
 		if run || err != nil {
 			t.Fatalf("seq %d should be cached", seq)
 		}
-		if r, ok := c.result(e); !ok || r[0] != byte(seq) {
+		if r, ok, _ := c.result(e); !ok || r[0] != byte(seq) {
 			t.Fatalf("seq %d: %v %v", seq, r, ok)
 		}
 	}
@@ -89,17 +89,17 @@ func TestReplyCacheBytes(t *testing.T) {
 	if run || err != nil {
 		t.Fatal("seq 1 must stay known")
 	}
-	if _, ok := c.result(e); ok {
+	if _, ok, _ := c.result(e); ok {
 		t.Fatal("seq 1 body should be dropped")
 	}
 	e, _, _ = c.begin(5)
-	if r, ok := c.result(e); !ok || string(r) != "1234" {
+	if r, ok, _ := c.result(e); !ok || string(r) != "1234" {
 		t.Fatal("newest reply must be kept")
 	}
 	// one reply larger than the whole budget is still delivered
 	e, _, _ = c.begin(6)
 	c.finish(6, e, make([]byte, 100))
-	if r, ok := c.result(e); !ok || len(r) != 100 {
+	if r, ok, _ := c.result(e); !ok || len(r) != 100 {
 		t.Fatal("newest large reply dropped")
 	}
 }

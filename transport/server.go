@@ -23,13 +23,21 @@ type Request struct {
 	Header
 	Body []byte      // owned by the handler
 	Conn *ServerConn // the connection it arrived on (a retry may arrive on another)
+	// Idempotent, set by the handler, says that running the request
+	// again does no harm (a read). The transport then keeps no copy of
+	// the reply: a duplicate runs the handler again, and the reply goes
+	// to Recycle once sent, so it may be a Buffer. A megabyte read's
+	// reply kept for duplicates was fresh memory every time, and pushed
+	// other replies out of the reply cache.
+	Idempotent bool
 }
 
 // Handler executes a request and returns the reply body. It is called
 // concurrently, at most once per (client, session, seq) while that seq is in
-// the reply cache. The transport keeps the returned slice for duplicates: do
-// not modify it afterwards. ctx ends only when the server closes, not when the
-// connection is lost, so that a retry on a new connection finds the reply.
+// the reply cache, unless the request is Idempotent. The transport keeps the
+// returned slice for duplicates: do not modify it afterwards. ctx ends only
+// when the server closes, not when the connection is lost, so that a retry
+// on a new connection finds the reply.
 type Handler func(ctx context.Context, req *Request) []byte
 
 // ServerConfig configures Listen.
@@ -385,7 +393,8 @@ func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
 			fail(f.Header, errCodeMalformed, fmt.Errorf("%w: client id %v differs from the connection's", ErrProtocol, f.Client))
 			return
 		}
-		reply, code, err := s.execute(sc, &Request{Header: f.Header, Body: f.body, Conn: sc})
+		req := &Request{Header: f.Header, Body: f.body, Conn: sc}
+		reply, code, err := s.execute(sc, req)
 		if err == nil && len(reply) > MaxBody {
 			s.log.Error("handler reply too large", "req", f.Header, "bytes", len(reply))
 			code, err = errCodeTooLarge, fmt.Errorf("%w: reply of %d bytes", ErrTooLarge, len(reply))
@@ -402,6 +411,9 @@ func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
 		if err != nil {
 			st.CancelRead(streamCancel)
 			return
+		}
+		if req.Idempotent {
+			Recycle(reply) // QUIC copied it into its frames
 		}
 		// Don't pin a large scratch buffer on an idle stream.
 		if cap(scratch) > 2*smallFrame {
@@ -427,7 +439,11 @@ func (s *Server) execute(sc *ServerConn, req *Request) ([]byte, errCode, error) 
 	}
 	if run {
 		reply := s.h(s.ctx, req)
-		rc.finish(req.Seq, e, reply)
+		if req.Idempotent {
+			rc.finishRerun(req.Seq, e)
+		} else {
+			rc.finish(req.Seq, e, reply)
+		}
 		return reply, 0, nil
 	}
 	// A duplicate: wait for the first execution, wherever it runs.
@@ -438,7 +454,10 @@ func (s *Server) execute(sc *ServerConn, req *Request) ([]byte, errCode, error) 
 	case <-s.ctx.Done():
 		return nil, errCodeShutdown, errServerShutdown
 	}
-	reply, ok := rc.result(e)
+	reply, ok, rerun := rc.result(e)
+	if rerun {
+		return s.h(s.ctx, req), 0, nil
+	}
 	if !ok {
 		return nil, errCodeEvicted, fmt.Errorf("%w: %v (reply body dropped)", ErrReplyEvicted, req.Header)
 	}

@@ -526,3 +526,48 @@ func TestClientRejectsUnknownReplyVersion(t *testing.T) {
 		t.Fatalf("%v: not a final protocol error", err)
 	}
 }
+
+// TestIdempotentRerun: a duplicate of a request its handler marked
+// Idempotent runs the handler again (the transport kept no reply), and
+// the reply, a pooled Buffer, arrives whole both times; a duplicate of
+// any other request is answered from the reply cache without running.
+func TestIdempotentRerun(t *testing.T) {
+	var runs atomic.Int32
+	s := listen(t, ServerConfig{}, func(_ context.Context, req *Request) []byte {
+		runs.Add(1)
+		if string(req.Body) != "read" {
+			return []byte("once")
+		}
+		req.Idempotent = true
+		b := Buffer(256 << 10)
+		for i := range b {
+			b[i] = byte(i % 251)
+		}
+		return b
+	})
+	c := client(t, s.Addr().String(), ClientConfig{})
+	ctx := ctxT(t, 10*time.Second)
+	want := make([]byte, 256<<10)
+	for i := range want {
+		want[i] = byte(i % 251)
+	}
+	h := Header{Client: 7, Session: 1, Seq: 1}
+	for i := range 2 {
+		got, err := c.Call(ctx, h, []byte("read"))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("read %d: %d bytes, %v", i, len(got), err)
+		}
+	}
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("an idempotent request and its duplicate ran %d times, want 2", n)
+	}
+	h.Seq = 2
+	for range 2 {
+		if got, err := c.Call(ctx, h, []byte("write")); err != nil || string(got) != "once" {
+			t.Fatalf("write: %q %v", got, err)
+		}
+	}
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("a change and its duplicate ran %d times in all, want 3", n)
+	}
+}
