@@ -131,6 +131,13 @@ type Server struct {
 	tr    *transport.Server
 	start time.Time
 
+	// running is read-held by every request being handled, so that
+	// Close closes the store after them: the transport does not wait for
+	// its handlers, and one still running against a closed badger
+	// panics ("DB Closed"). closed, under running, turns later ones away.
+	running sync.RWMutex
+	closed  bool
+
 	mu       sync.Mutex
 	sessions map[ids.ClientID]*session
 	opens    map[ids.Ino]int // open handles over all sessions, to keep unlinked files
@@ -191,7 +198,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s.lm = newLockMgr(s, !created) // a fresh data directory had no clients to wait for
 	s.tr, err = transport.Listen(cfg.Listen, transport.ServerConfig{Identity: id, Logger: cfg.Logger, Faults: cfg.Faults,
-		Receiving: s.receiving}, s.handle)
+		Receiving: s.receiving}, s.serve)
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("metaserver: listen on %s: %w", cfg.Listen, err)
@@ -258,11 +265,37 @@ func (s *Server) Close() error {
 	if s.cl != nil {
 		s.cl.close(context.Background(), false)
 	}
-	err := s.tr.Close()
+	err := s.tr.Close() // ends the handlers' context: waits give up
+	// Wait for the requests being handled, a while: one stuck longer is
+	// left to fail against the closed store.
+	for deadline := time.Now().Add(handlersWait); ; time.Sleep(time.Millisecond) {
+		if s.running.TryLock() {
+			s.closed = true
+			s.running.Unlock()
+			break
+		}
+		if time.Now().After(deadline) {
+			s.log.Warn("closing the store with requests still being handled")
+			break
+		}
+	}
 	if cerr := s.store.Close(); err == nil {
 		err = cerr
 	}
 	return err
+}
+
+// handlersWait bounds how long Close waits for requests being handled.
+const handlersWait = 5 * time.Second
+
+// serve is the transport's entry point: handle, unless the server closed.
+func (s *Server) serve(ctx context.Context, tr *transport.Request) []byte {
+	s.running.RLock()
+	defer s.running.RUnlock()
+	if s.closed {
+		return wire.ErrorReply(errUnavailable("server closed")).Append(nil)
+	}
+	return s.handle(ctx, tr)
 }
 
 // Shutdown stops gracefully: in a cluster it first hands every owned inode
@@ -281,7 +314,7 @@ func newSessionID() ids.SessionID {
 	return ids.SessionID(binary.LittleEndian.Uint64(b[:]) | 1) // never 0: 0 means "no session"
 }
 
-// handle is the transport's entry point: one request in, one reply out.
+// handle answers one request (serve).
 func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	if s.cl != nil && cluster.IsPeerBody(tr.Body) {
 		return s.cl.handlePeer(ctx, tr)
