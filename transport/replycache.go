@@ -62,17 +62,12 @@ func (c *replyCache) begin(seq uint64) (e *replyEntry, run bool, err error) {
 	return e, true, nil
 }
 
-func (c *replyCache) finish(seq uint64, e *replyEntry, reply []byte) {
-	c.finishEntry(seq, e, reply, false)
-}
-
-// finishRerun finishes an idempotent request's entry without its reply:
-// a duplicate runs the request again (rerun).
-func (c *replyCache) finishRerun(seq uint64, e *replyEntry) {
-	c.finishEntry(seq, e, nil, true)
-}
-
-func (c *replyCache) finishEntry(seq uint64, e *replyEntry, reply []byte, rerun bool) {
+// finish records seq's reply; with rerun (an idempotent request) it keeps
+// none, and a duplicate runs the request again.
+func (c *replyCache) finish(seq uint64, e *replyEntry, reply []byte, rerun bool) {
+	if rerun {
+		reply = nil
+	}
 	c.mu.Lock()
 	e.reply, e.rerun, e.dropped = reply, rerun, rerun
 	c.order = append(c.order, seq)

@@ -20,7 +20,7 @@ func TestReplyCacheDedup(t *testing.T) {
 		t.Fatal("done before finish")
 	default:
 	}
-	c.finish(1, e, []byte("r1"))
+	c.finish(1, e, []byte("r1"), false)
 	<-dup.done
 	if r, ok, _ := c.result(dup); !ok || string(r) != "r1" {
 		t.Fatalf("result %q %v", r, ok)
@@ -41,7 +41,7 @@ func TestReplyCacheEviction(t *testing.T) {
 		if !run || err != nil {
 			t.Fatalf("seq %d: run %v err %v", seq, run, err)
 		}
-		c.finish(seq, e, []byte{byte(seq)})
+		c.finish(seq, e, []byte{byte(seq)}, false)
 	}
 	if len(c.entries) != 4 || c.live() != 4 {
 		t.Fatalf("%d entries, %d live, want 4", len(c.entries), c.live())
@@ -65,7 +65,7 @@ func TestReplyCacheEviction(t *testing.T) {
 	inflight, _, _ := c.begin(11)
 	for seq := uint64(12); seq <= 30; seq++ {
 		e, _, _ := c.begin(seq)
-		c.finish(seq, e, nil)
+		c.finish(seq, e, nil, false)
 	}
 	if e, run, err := c.begin(11); run || err != nil || e != inflight {
 		t.Fatal("in-flight entry lost")
@@ -79,7 +79,7 @@ func TestReplyCacheBytes(t *testing.T) {
 	c := newReplyCache(100, 10)
 	for seq := uint64(1); seq <= 5; seq++ {
 		e, _, _ := c.begin(seq)
-		c.finish(seq, e, []byte("1234"))
+		c.finish(seq, e, []byte("1234"), false)
 	}
 	if c.bytes > 10 {
 		t.Fatalf("%d bytes kept, bound 10", c.bytes)
@@ -98,7 +98,7 @@ func TestReplyCacheBytes(t *testing.T) {
 	}
 	// one reply larger than the whole budget is still delivered
 	e, _, _ = c.begin(6)
-	c.finish(6, e, make([]byte, 100))
+	c.finish(6, e, make([]byte, 100), false)
 	if r, ok, _ := c.result(e); !ok || len(r) != 100 {
 		t.Fatal("newest large reply dropped")
 	}

@@ -439,11 +439,7 @@ func (s *Server) execute(sc *ServerConn, req *Request) ([]byte, errCode, error) 
 	}
 	if run {
 		reply := s.h(s.ctx, req)
-		if req.Idempotent {
-			rc.finishRerun(req.Seq, e)
-		} else {
-			rc.finish(req.Seq, e, reply)
-		}
+		rc.finish(req.Seq, e, reply, req.Idempotent)
 		return reply, 0, nil
 	}
 	// A duplicate: wait for the first execution, wherever it runs.

@@ -62,3 +62,17 @@ func (l *logFlags) logger() (*slog.Logger, error) {
 	}
 	return nil, fmt.Errorf("bad --log-format %q: want text or json", l.format)
 }
+
+// setCPUs applies a --cpus flag: GOMAXPROCS n; with 0, GOMAXPROCS from
+// the environment if set, else def. It reports whether the default was
+// taken (neither the flag nor the environment chose).
+func setCPUs(n, def int) (byDefault bool) {
+	if n == 0 {
+		if os.Getenv("GOMAXPROCS") != "" {
+			return false
+		}
+		n, byDefault = def, true
+	}
+	runtime.GOMAXPROCS(n)
+	return byDefault
+}

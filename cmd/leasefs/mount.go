@@ -106,18 +106,6 @@ func runMount(argv []string) error {
 // sequential writes and reads no slower.
 func mountCPUs() int { return max(1, runtime.GOMAXPROCS(0)/2) }
 
-// setCPUs sets GOMAXPROCS to n, a mount's --cpus; 0 keeps GOMAXPROCS
-// from the environment if set, else sets def.
-func setCPUs(n, def int) {
-	if n == 0 {
-		if os.Getenv("GOMAXPROCS") != "" {
-			return
-		}
-		n = def
-	}
-	runtime.GOMAXPROCS(n)
-}
-
 // mountAndServe connects, mounts and serves until unmount or signal.
 func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, log *slog.Logger) error {
 	st, err := os.Stat(mountpoint)

@@ -153,10 +153,8 @@ func runServe(argv []string) error {
 	if f.cpus < 0 {
 		return errors.New("--cpus must not be negative")
 	}
-	adapt := f.cpus == 0 && os.Getenv("GOMAXPROCS") == "" // cpus.go
-	if f.cpus > 0 {
-		runtime.GOMAXPROCS(f.cpus)
-	}
+	// by default all CPUs, then following the load (cpus.go)
+	adapt := setCPUs(f.cpus, runtime.GOMAXPROCS(0))
 	if f.cfg.Dir == "" {
 		return fmt.Errorf("--data DIR is required")
 	}
