@@ -480,7 +480,11 @@ func TestClusterFailover(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("writer did not resume within 15 s of the kill")
 		}
-		time.Sleep(20 * time.Millisecond)
+		select {
+		case err := <-done:
+			t.Fatalf("writer stopped after the kill: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 	close(stop)
 	if err := <-done; err != nil {

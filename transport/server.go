@@ -422,6 +422,20 @@ func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
 	}
 }
 
+// unlessClosing passes on a handler's reply unless the server is closing:
+// Close ends the handlers' context, so the reply may be the handler giving
+// up ("interrupted"), which is no answer to the request. The client, whose
+// stream is reset instead, sends it again, to another server if need be.
+func (s *Server) unlessClosing(req *Request, reply []byte) ([]byte, errCode, error) {
+	if s.ctx.Err() != nil {
+		if req.Idempotent {
+			Recycle(reply)
+		}
+		return nil, errCodeShutdown, errServerShutdown
+	}
+	return reply, 0, nil
+}
+
 // execute runs the handler at most once per (client, session, seq).
 func (s *Server) execute(sc *ServerConn, req *Request) ([]byte, errCode, error) {
 	key := sessionKey{req.Client, req.Session}
@@ -440,7 +454,7 @@ func (s *Server) execute(sc *ServerConn, req *Request) ([]byte, errCode, error) 
 	if run {
 		reply := s.h(s.ctx, req)
 		rc.finish(req.Seq, e, reply, req.Idempotent)
-		return reply, 0, nil
+		return s.unlessClosing(req, reply)
 	}
 	// A duplicate: wait for the first execution, wherever it runs.
 	select {
@@ -448,11 +462,15 @@ func (s *Server) execute(sc *ServerConn, req *Request) ([]byte, errCode, error) 
 	case <-sc.qc.Context().Done():
 		return nil, errCodeShutdown, errServerShutdown
 	case <-s.ctx.Done():
+	}
+	if s.ctx.Err() != nil {
+		// closing, whichever case select took: the first execution's
+		// reply may be its handler giving up
 		return nil, errCodeShutdown, errServerShutdown
 	}
 	reply, ok, rerun := rc.result(e)
 	if rerun {
-		return s.h(s.ctx, req), 0, nil
+		return s.unlessClosing(req, s.h(s.ctx, req))
 	}
 	if !ok {
 		return nil, errCodeEvicted, fmt.Errorf("%w: %v (reply body dropped)", ErrReplyEvicted, req.Header)

@@ -571,3 +571,29 @@ func TestIdempotentRerun(t *testing.T) {
 		t.Fatalf("a change and its duplicate ran %d times in all, want 3", n)
 	}
 }
+
+// A closing server ends its handlers' context; what a handler answers then
+// (here "interrupted", as the metadata server's do) must not reach the
+// client as the request's reply: the client gets no reply and may send the
+// request elsewhere. (Seen as an fsync failing with EINTR when a cluster
+// test killed the file's owner.)
+func TestNoReplyWhileClosing(t *testing.T) {
+	s := listen(t, ServerConfig{}, func(ctx context.Context, r *Request) []byte {
+		if ctx.Err() != nil {
+			return []byte("interrupted")
+		}
+		return []byte("done")
+	})
+	c := client(t, s.Addr().String(), ClientConfig{})
+	if reply, err := c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 1}, nil); err != nil || string(reply) != "done" {
+		t.Fatalf("before closing: %q %v", reply, err)
+	}
+	// the first step of Close, with the connection still up
+	s.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 2}, nil)
+	if err == nil {
+		t.Fatalf("a closing server answered %q", reply)
+	}
+}
