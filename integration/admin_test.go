@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,17 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-func freeTCPAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
+	"github.com/leasefs/leasefs/internal/testnet"
+)
 
 // admin runs `leasefs admin` and returns its output.
 func admin(t testing.TB, args ...string) string {
@@ -77,7 +68,7 @@ func row(table string, fields ...string) bool {
 // traffic and the flock; the status page renders in headless Chromium;
 // evicting one mount's client makes it recover while the other proceeds.
 func TestAdmin(t *testing.T) {
-	adminAddr := freeTCPAddr(t)
+	adminAddr := testnet.TCPAddr(t)
 	s := startServer(t, "--admin", adminAddr, "--client-lease", "500ms", "--delivery-timeout", "100ms")
 	a, b := startMount(t, s), startMount(t, s)
 	srv := []string{"--server", adminAddr}
@@ -289,12 +280,12 @@ func TestCPUs(t *testing.T) {
 		}
 		return n
 	}
-	adminAddr := freeTCPAddr(t)
+	adminAddr := testnet.TCPAddr(t)
 	s := startServer(t, "--admin", adminAddr, "--cpus", "3")
 	if n := cpus("--server", adminAddr); n != 3 {
 		t.Errorf("serve --cpus 3: the server uses %d", n)
 	}
-	adminAddr = freeTCPAddr(t)
+	adminAddr = testnet.TCPAddr(t)
 	startServer(t, "--admin", adminAddr)
 	want := orEnv(1)
 	waitFor(t, 10*time.Second, fmt.Sprintf("the idle server to use %d CPUs", want), func() bool {

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/internal/testnet"
 )
 
 func TestWrongToken(t *testing.T) {
@@ -69,7 +71,7 @@ func TestServerNotRunning(t *testing.T) {
 
 func TestDataDirInUse(t *testing.T) {
 	s := startServer(t)
-	out, err := exec.Command(binary, "serve", "--data", s.dir, "--listen", freeUDPAddr(t)).CombinedOutput()
+	out, err := exec.Command(binary, "serve", "--data", s.dir, "--listen", testnet.UDPAddr(t)).CombinedOutput()
 	if err == nil {
 		t.Fatalf("second server on the same data directory started:\n%s", out)
 	}

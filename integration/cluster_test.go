@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/internal/testnet"
 )
 
 // clusterServer is one `leasefs serve` of a cluster.
@@ -49,7 +51,7 @@ func startCluster(t *testing.T, n int, extra ...string) *testCluster {
 	c := &testCluster{}
 	var peers []string
 	for i := 1; i <= n; i++ {
-		s := &clusterServer{server: &server{dir: t.TempDir(), addr: freeUDPAddr(t)}, id: i, admin: freeTCPAddr(t)}
+		s := &clusterServer{server: &server{dir: t.TempDir(), addr: testnet.UDPAddr(t)}, id: i, admin: testnet.TCPAddr(t)}
 		s.tokenFile = filepath.Join(s.dir, "token")
 		c.servers = append(c.servers, s)
 		peers = append(peers, strconv.Itoa(i)+"="+s.addr)

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/internal/testnet"
 )
 
 // two mounts of one server, as two client machines would have.
@@ -517,7 +519,7 @@ func serverOpenFiles(t *testing.T, adminAddr, client string) int {
 // (the unlink reports it), the server counts the open: the file keeps its
 // data while open, and its close ends the count.
 func TestOpenUnderLock(t *testing.T) {
-	adminAddr := freeTCPAddr(t)
+	adminAddr := testnet.TCPAddr(t)
 	s := startServer(t, "--admin", adminAddr)
 	a, b := startMount(t, s), startMount(t, s)
 	idA, _ := mountClient(t, a)
@@ -605,7 +607,7 @@ func TestReadAround(t *testing.T) {
 // buffered data could not be reclaimed) loses nothing and its fsync
 // succeeds.
 func TestAppendsSurviveEviction(t *testing.T) {
-	adminAddr := freeTCPAddr(t)
+	adminAddr := testnet.TCPAddr(t)
 	s := startServer(t, "--admin", adminAddr, "--client-lease", "500ms", "--delivery-timeout", "100ms")
 	a, b := startMount(t, s), startMount(t, s)
 	idA, _ := mountClient(t, a)
@@ -674,7 +676,7 @@ func syncDir(t testing.TB, dir string) {
 // mount reclaims what it buffered, and a removed file has nothing to
 // reclaim into.
 func TestRemovedFileChangesDropped(t *testing.T) {
-	adminAddr := freeTCPAddr(t)
+	adminAddr := testnet.TCPAddr(t)
 	s := startServer(t, "--admin", adminAddr, "--client-lease", "500ms", "--delivery-timeout", "100ms")
 	m := startMount(t, s)
 	p := filepath.Join(m.dir, "f")

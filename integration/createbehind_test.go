@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/internal/mountsock"
+	"github.com/leasefs/leasefs/internal/testnet"
 )
 
 // behindMounts starts a mount whose packets the faults delay and a plain
@@ -150,7 +151,7 @@ func TestCreateWithData(t *testing.T) {
 func TestCreateBehindNack(t *testing.T) {
 	for _, closing := range []bool{false, true} {
 		t.Run(map[bool]string{false: "open", true: "closing"}[closing], func(t *testing.T) {
-			adminAddr := freeTCPAddr(t)
+			adminAddr := testnet.TCPAddr(t)
 			s := startServer(t, "--admin", adminAddr, "--client-lease", "1s", "--delivery-timeout", "100ms")
 			// m's packets take 100 ms: what it sent is still on its
 			// way when the server fails m, so the NACK answers it

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/internal/mountsock"
+	"github.com/leasefs/leasefs/internal/testnet"
 )
 
 var binary string // the leasefs binary built once for all tests
@@ -179,20 +179,10 @@ type server struct {
 	extra                []string
 }
 
-func freeUDPAddr(t testing.TB) string {
-	t.Helper()
-	c, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	return c.LocalAddr().String()
-}
-
 // startServer runs a server on a fresh data directory and waits for its token.
 func startServer(t testing.TB, extra ...string) *server {
 	t.Helper()
-	s := &server{dir: t.TempDir(), addr: freeUDPAddr(t), extra: extra}
+	s := &server{dir: t.TempDir(), addr: testnet.UDPAddr(t), extra: extra}
 	s.tokenFile = filepath.Join(s.dir, "token")
 	s.start(t)
 	return s

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/leasefs/leasefs/internal/testnet"
 )
 
 // The performance suite on a cluster of three servers (issue 6), against
@@ -27,8 +29,8 @@ func startPerfCluster(t testing.TB, n int) *testCluster {
 	c := &testCluster{}
 	var peers []string
 	for i := 1; i <= n; i++ {
-		s := &clusterServer{server: &server{dir: tmpfsDir(t, "data"+strconv.Itoa(i)), addr: freeUDPAddr(t)},
-			id: i, admin: freeTCPAddr(t)}
+		s := &clusterServer{server: &server{dir: tmpfsDir(t, "data"+strconv.Itoa(i)), addr: testnet.UDPAddr(t)},
+			id: i, admin: testnet.TCPAddr(t)}
 		s.tokenFile = filepath.Join(s.dir, "token")
 		c.servers = append(c.servers, s)
 		peers = append(peers, strconv.Itoa(i)+"="+s.addr)

@@ -18,6 +18,8 @@ import (
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/leasefs/leasefs/internal/testnet"
 )
 
 // The performance suite of issue 8 (and the benchmark of issue 2). Run it with
@@ -421,7 +423,7 @@ func tmpfsDir(t testing.TB, name string) string {
 func startPerfLeasefs(t testing.TB) (*server, *mount) {
 	t.Helper()
 	requireFUSE(t)
-	s := &server{dir: tmpfsDir(t, "data"), addr: freeUDPAddr(t), extra: []string{"--log-level", "info"}}
+	s := &server{dir: tmpfsDir(t, "data"), addr: testnet.UDPAddr(t), extra: []string{"--log-level", "info"}}
 	s.tokenFile = filepath.Join(s.dir, "token")
 	s.start(t)
 	return s, startMount(t, s, "--log-level", "info")

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/client"
+	"github.com/leasefs/leasefs/internal/testnet"
 	"github.com/leasefs/leasefs/metaserver"
 	"github.com/leasefs/leasefs/transport"
 )
@@ -127,8 +128,8 @@ func BenchmarkRequestRate(b *testing.B) {
 func startProtoLeasefs(b *testing.B) (m *mount, admin string) {
 	b.Helper()
 	requireFUSE(b)
-	admin = freeTCPAddr(b)
-	s := &server{dir: tmpfsDir(b, "data"), addr: freeUDPAddr(b), extra: []string{"--log-level", "info", "--admin", admin}}
+	admin = testnet.TCPAddr(b)
+	s := &server{dir: tmpfsDir(b, "data"), addr: testnet.UDPAddr(b), extra: []string{"--log-level", "info", "--admin", admin}}
 	s.tokenFile = filepath.Join(s.dir, "token")
 	s.start(b)
 	return startMount(b, s, "--log-level", "info"), admin
@@ -154,8 +155,8 @@ func adminCounters(t testing.TB, addr string) metaserver.AdminCounters {
 // callback, the other client's flush and acknowledgement, and the grant.
 func BenchmarkLockPingPong(b *testing.B) {
 	requireFUSE(b)
-	admin := freeTCPAddr(b)
-	s := &server{dir: dataDir(b), addr: freeUDPAddr(b), extra: []string{"--log-level", "info", "--admin", admin}}
+	admin := testnet.TCPAddr(b)
+	s := &server{dir: dataDir(b), addr: testnet.UDPAddr(b), extra: []string{"--log-level", "info", "--admin", admin}}
 	s.tokenFile = filepath.Join(s.dir, "token")
 	s.start(b)
 	ma := startMount(b, s, "--log-level", "info")

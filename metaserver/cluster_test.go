@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"sync"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/leasefs/leasefs/client"
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/testnet"
 	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -33,15 +33,6 @@ const (
 	testClientLease = 300 * time.Millisecond
 )
 
-func freeUDPAddr(t *testing.T) string {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	return pc.LocalAddr().String()
-}
-
 func testLogger() *slog.Logger {
 	if os.Getenv("LEASEFS_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -59,7 +50,7 @@ func newTestCluster(t *testing.T, n int) *testCluster {
 		srv: map[ids.ServerID]*Server{}}
 	for i := 1; i <= n; i++ {
 		id := ids.ServerID(i)
-		tc.addrs[id] = freeUDPAddr(t)
+		tc.addrs[id] = testnet.UDPAddr(t)
 		tc.dirs[id] = t.TempDir()
 	}
 	for id := range tc.addrs {
