@@ -28,9 +28,14 @@ type Origin struct {
 }
 
 const (
-	// doneKeep request ids are kept per client and inode: enough for the
-	// requests one client has in flight on one inode.
-	doneKeep = 16
+	// doneKeep bounds the request ids kept per client and inode. All of
+	// those at or past the client's oldest change of the inode in flight
+	// are kept, up to this: a batch of creates sent behind puts 64 in
+	// flight on one directory, and a resend of the whole batch after a
+	// failover must find each one (else its create fails as EEXIST and
+	// the client counts the file lost). Those before it are dropped: the
+	// client is done with them, and a late copy of one is stale.
+	doneKeep = 1024
 	// doneTTL: a client's record of an inode is deleted at the next change
 	// of the inode this long after the client's last change to it. A
 	// resend comes within the client's failover, seconds.
@@ -81,7 +86,7 @@ func (s *Store) Applied(o Origin) (applied, stale bool, err error) {
 // not run at every change.
 func (tx *Tx) recordDone(o Origin, now int64) error {
 	key := tx.key64(recDone, o.Ino, uint64(o.Client))
-	val := make([]byte, doneHeader+doneEntry, doneHeader+doneEntry*doneKeep)
+	val := make([]byte, doneHeader+doneEntry, doneHeader+doneEntry*16)
 	binary.LittleEndian.PutUint64(val, o.Oldest)
 	binary.LittleEndian.PutUint64(val[doneHeader:], o.Req)
 	binary.LittleEndian.PutUint64(val[doneHeader+8:], uint64(now))
@@ -89,9 +94,12 @@ func (tx *Tx) recordDone(o Origin, now int64) error {
 		if len(v) < doneHeader {
 			return nil
 		}
-		binary.LittleEndian.PutUint64(val, max(o.Oldest, binary.LittleEndian.Uint64(v)))
-		for v = v[doneHeader:]; len(v) >= doneEntry && len(val) < cap(val); v = v[doneEntry:] {
-			val = append(val, v[:doneEntry]...)
+		oldest := max(o.Oldest, binary.LittleEndian.Uint64(v))
+		binary.LittleEndian.PutUint64(val, oldest)
+		for v = v[doneHeader:]; len(v) >= doneEntry && len(val) < doneHeader+doneEntry*doneKeep; v = v[doneEntry:] {
+			if binary.LittleEndian.Uint64(v) >= oldest {
+				val = append(val, v[:doneEntry]...)
+			}
 		}
 		return nil
 	})

@@ -54,25 +54,52 @@ func TestStoreAppliedRequests(t *testing.T) {
 	if !found {
 		t.Fatal("root's snapshot lacks its applied-request record")
 	}
-	// concurrent requests of one client: the last doneKeep are kept
-	for i := range uint64(doneKeep + 4) {
-		o := Origin{Ino: d.Ino, Client: client, Req: 100 + i}
+	// Many requests of one client in flight on one inode at once (a
+	// batch of creates sent behind): every one is kept, well past 16.
+	const batch = 100
+	for i := range uint64(batch) {
+		o := Origin{Ino: d.Ino, Client: client, Req: 100 + i, Oldest: 100}
 		if err := s.For(o).SetXattr(d.Ino, "user.n", []byte{byte(i)}, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for i := range uint64(doneKeep + 4) {
-		want := i >= 4
-		if got := applied(t, s, Origin{Ino: d.Ino, Client: client, Req: 100 + i}); got != want {
-			t.Fatalf("request %d: applied %v, want %v (the last %d are kept)", 100+i, got, want, doneKeep)
+	for i := range uint64(batch) {
+		if !applied(t, s, Origin{Ino: d.Ino, Client: client, Req: 100 + i}) {
+			t.Fatalf("request %d of %d in flight together not kept", 100+i, batch)
 		}
+	}
+	// Once the client says it is done with them, they go: a late copy
+	// of one is stale.
+	o := Origin{Ino: d.Ino, Client: client, Req: 100 + batch, Oldest: 100 + batch}
+	if err := s.For(o).SetXattr(d.Ino, "user.n", nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ok, stale, err := s.Applied(Origin{Ino: d.Ino, Client: client, Req: 100 + batch - 1}); ok || !stale || err != nil {
+		t.Fatalf("a finished request after its client moved on: applied %v, stale %v, %v", ok, stale, err)
+	}
+	if n := doneRecordLen(t, s, d.Ino, client); n != 1 {
+		t.Fatalf("record keeps %d ids, want 1 (the others are finished)", n)
+	}
+	// A client that never moves on (Oldest stays 0) keeps the newest
+	// doneKeep.
+	for i := range uint64(doneKeep + 4) {
+		o := Origin{Ino: ids.RootIno, Client: 9, Req: 1 + i}
+		if _, err := s.Update(func(tx *Tx) error { return tx.recordDone(o, now) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := doneRecordLen(t, s, ids.RootIno, 9); n != doneKeep {
+		t.Fatalf("record keeps %d ids, want at most %d", n, doneKeep)
+	}
+	if applied(t, s, Origin{Ino: ids.RootIno, Client: 9, Req: 4}) || !applied(t, s, Origin{Ino: ids.RootIno, Client: 9, Req: 5}) {
+		t.Fatal("not the newest kept")
 	}
 	// rmdir deletes the directory's records
 	rm := Origin{Ino: ids.RootIno, Client: client, Req: 3}
 	if err := s.For(rm).Rmdir(ids.RootIno, "d", now); err != nil {
 		t.Fatal(err)
 	}
-	if applied(t, s, Origin{Ino: d.Ino, Client: client, Req: 100 + doneKeep}) {
+	if applied(t, s, o) {
 		t.Fatal("removed directory's records survive")
 	}
 	if !applied(t, s, rm) {
@@ -144,4 +171,21 @@ func TestStoreAppliedStale(t *testing.T) {
 	if _, stale, _ := s.Applied(Origin{Ino: ids.RootIno, Client: client + 1, Req: 1}); stale {
 		t.Error("another client's request reported stale")
 	}
+}
+
+// doneRecordLen is how many request ids client's record of ino keeps.
+func doneRecordLen(t *testing.T, s *Store, ino ids.Ino, client ids.ClientID) int {
+	t.Helper()
+	n := 0
+	err := s.view(func(tx *Tx) error {
+		_, err := tx.get(tx.key64(recDone, ino, uint64(client)), func(v []byte) error {
+			n = (len(v) - doneHeader) / doneEntry
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
