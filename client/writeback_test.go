@@ -126,12 +126,20 @@ func TestExtentBuffers(t *testing.T) {
 	var random dirtyFile
 	page := bytes.Repeat([]byte("p"), 4096)
 	for i := range 100 {
-		random.add(uint64(i*3)*4096, page)
+		random.add(uint64((i*37%100)*3)*4096, page) // each page once, out of order
 	}
 	for _, e := range random.extents() {
 		if cap(e.data) > 2*len(page) {
 			t.Fatalf("a page extent holds a buffer of %d bytes", cap(e.data))
 		}
+	}
+	// past the first slabAfter, page extents share pooled slabs
+	if want := (100 - slabAfter + slabSize/len(page) - 1) / (slabSize / len(page)); len(random.slabs) != want {
+		t.Errorf("100 page extents took %d slabs, want %d", len(random.slabs), want)
+	}
+	random.free()
+	if random.slabs != nil || random.bytes != 0 || len(random.extents()) != 0 {
+		t.Error("free left buffers or extents")
 	}
 }
 
@@ -167,5 +175,6 @@ func BenchmarkDirtyFileRandom(b *testing.B) {
 			f.add(uint64((i*7919*7919+i*104729)%pages)*4096, page)
 		}
 		releaseWrites(packWrites(1, f.extents()))
+		f.free()
 	}
 }
