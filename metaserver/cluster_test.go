@@ -384,7 +384,7 @@ func TestClusterRestartNoGrace(t *testing.T) {
 	const files = 5
 	inos := createNumbered(ctx, t, c, files)
 	c.Close()
-	tc.killQuiet(1)
+	tc.kill(1)
 	tc.start(1)
 	// its quarantine, and its clients' leases from before
 	time.Sleep(max(testLease, testClientLease) * 11 / 10)

@@ -98,12 +98,11 @@ func TestClusterTransferCatchUp(t *testing.T) {
 		t.Skip("writes 64 MiB and 20,000 entries")
 	}
 	tc := newTestCluster(t, 3)
-	tc.quiesceAtCleanup()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c := tc.connect(1, 2)
 
-	tc.killQuiet(3)
+	tc.kill(3)
 	var a *wire.Attr
 	untilAvailable(t, "create", func() (err error) {
 		a, err = c.Create(ctx, ids.RootIno, "big", 0o100644, 0, 0, 0)
@@ -121,7 +120,7 @@ func TestClusterTransferCatchUp(t *testing.T) {
 	t.Logf("64 MiB file: restarted server 3 held it %v after its start, all checksums agreed after %v; its copy: %s",
 		caught.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), fetchOf(logs, a.Ino))
 
-	tc.killQuiet(3)
+	tc.kill(3)
 	var d *wire.Attr
 	untilAvailable(t, "mkdir", func() (err error) {
 		d, err = c.Mkdir(ctx, ids.RootIno, "many", 0o755, 0, 0)
@@ -243,13 +242,12 @@ func TestClusterTransferLaggingOwner(t *testing.T) {
 		t.Skip("writes 64 MiB")
 	}
 	tc := newTestCluster(t, 3)
-	tc.quiesceAtCleanup()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// closed before server 1 dies: a client of a dead server only does
 	// not close (it keeps renewing)
 	c1 := tc.connectUnmanaged(1)
-	tc.killQuiet(3)
+	tc.kill(3)
 	var decoy, a *wire.Attr
 	untilAvailable(t, "create", func() (err error) {
 		if decoy, err = c1.Create(ctx, ids.RootIno, "decoy", 0o100644, 0, 0, 0); err != nil {
@@ -280,7 +278,7 @@ func TestClusterTransferLaggingOwner(t *testing.T) {
 	release := make(chan struct{})
 	var releaseOnce sync.Once
 	releaseCopies := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(releaseCopies) // before quiesceAtCleanup's: a held copy blocks the node's close
+	t.Cleanup(releaseCopies) // before the servers close: a held copy blocks the node's close
 	tc.startLogged(3, logs, func(c *Config) {
 		c.PeerFaults = slow
 		c.beforeFetch = func(p ids.ServerID, ino ids.Ino) {
@@ -294,7 +292,7 @@ func TestClusterTransferLaggingOwner(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); staged(t, tc.srv[3].store) == 0 && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
-	tc.killQuiet(1)
+	tc.kill(1)
 	c3 := tc.connect(3)
 	for tc.srv[3].cl.node.Load().Quarantined() {
 		time.Sleep(5 * time.Millisecond)
@@ -330,31 +328,6 @@ func TestClusterTransferLaggingOwner(t *testing.T) {
 	if got := readBig(ctx, t, c3, a.Ino); !bytes.Equal(got[:5], []byte("after")) || !bytes.Equal(got[5:], data[5:]) {
 		t.Fatalf("after the write: %q...", got[:5])
 	}
-}
-
-// The transport does not wait for running handlers when it closes, so a
-// peer's call (anti-entropy's, above all) still being served by a server
-// whose store closed panics in badger ("DB Closed"). These tests stop a
-// server's cluster node first (it then dispatches no peer call) and give
-// the calls under way a moment before closing the server.
-const handlersDrain = 200 * time.Millisecond
-
-// killQuiet is kill, with the node stopped first (see handlersDrain).
-func (tc *testCluster) killQuiet(id ids.ServerID) {
-	tc.srv[id].cl.close(context.Background(), false)
-	time.Sleep(handlersDrain)
-	tc.kill(id)
-}
-
-// quiesceAtCleanup stops every server's node before the cleanup closes
-// the servers (see handlersDrain).
-func (tc *testCluster) quiesceAtCleanup() {
-	tc.t.Cleanup(func() {
-		for _, s := range tc.srv {
-			s.cl.close(context.Background(), false)
-		}
-		time.Sleep(handlersDrain)
-	})
 }
 
 // connectUnmanaged is connect without the close at cleanup: the caller
