@@ -169,7 +169,8 @@ func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode
 	out, err := m.data.Request(c, ino, mode)
 	if err != nil {
 		m.mu.Unlock()
-		m.s.log.Warn("lock request refused", "client", c, "ino", ino, "mode", mode, "err", err)
+		// a client's requests can queue past the table's bound in a loop
+		m.s.warns.Warn(m.s.log, c.String(), "lock request refused", "client", c, "ino", ino, "mode", mode, "err", err)
 		return held{}, wire.Errf(wire.CodeAgain, "%v", err)
 	}
 	var ch chan locks.Grant

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/ratelog"
 	"github.com/leasefs/leasefs/metaserver/cluster"
 	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
@@ -151,6 +152,7 @@ type Server struct {
 	cl      *clusterState // nil on a single server
 
 	counters Counters
+	warns    *ratelog.Limiter // a peer's malformed requests log a few lines, not one each
 }
 
 // Counters are the server's request and lease counters.
@@ -168,7 +170,7 @@ func Start(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(),
+	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(), warns: ratelog.New(),
 		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}, purging: map[ids.Ino]struct{}{}}
 	opts := StoreOptions{ServerID: cfg.ServerID, Logger: cfg.Logger}
 	if cfg.clustered() {
@@ -326,7 +328,7 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	s.counters.Bytes.Add(int64(len(tr.Body)))
 	req, err := wire.ParseRequest(tr.Body)
 	if err != nil {
-		s.log.Warn("malformed request", "client", tr.Client, "err", err)
+		s.warns.Warn(s.log, peerOf(tr), "malformed request", "client", tr.Client, "err", err)
 		return wire.ErrorReply(wire.Errf(wire.CodeBadMessage, "%v", err)).Append(nil)
 	}
 	if s.lm.isFailing(tr.Client) {
@@ -368,6 +370,15 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	return out
 }
 
+// peerOf is the key under which a request's log lines are limited: the
+// address of the connection it came on.
+func peerOf(tr *transport.Request) string {
+	if tr.Conn == nil {
+		return tr.Client.String()
+	}
+	return ratelog.Peer(tr.Conn.RemoteAddr().String())
+}
+
 // account counts a failed request, and logs it if the server, not the
 // application, is to blame.
 func (s *Server) account(sess *session, req *wire.Request, rep *wire.Reply) {
@@ -392,7 +403,7 @@ func (s *Server) account(sess *session, req *wire.Request, rep *wire.Reply) {
 func (s *Server) batch(ctx context.Context, sess *session, req *wire.Request) *wire.Reply {
 	subs, err := wire.ParseBatch(req.Data)
 	if err != nil {
-		s.log.Warn("malformed batch", "client", sess.client, "err", err)
+		s.warns.Warn(s.log, ratelog.Peer(sess.addr), "malformed batch", "client", sess.client, "err", err)
 		return wire.ErrorReply(wire.Errf(wire.CodeBadMessage, "%v", err))
 	}
 	s.counters.Requests.Add(int64(len(subs) - 1)) // the batch counted as one already

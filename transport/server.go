@@ -16,6 +16,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/ratelog"
 )
 
 // Request is one request as the server application sees it.
@@ -76,6 +77,7 @@ type Server struct {
 	stop  context.CancelFunc
 	wg    sync.WaitGroup
 	cbSeq atomic.Uint64
+	warns *ratelog.Limiter // a peer's malformed requests log a few lines, not one each
 
 	mu       sync.Mutex
 	closed   bool
@@ -141,7 +143,7 @@ func Listen(addr string, cfg ServerConfig, h Handler) (*Server, error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &Server{
-		cfg: cfg, h: h, log: orDiscard(cfg.Logger),
+		cfg: cfg, h: h, log: orDiscard(cfg.Logger), warns: ratelog.New(),
 		udp: udp, tr: tr, ln: ln, ctx: ctx, stop: stop,
 		latest:   make(map[ids.ClientID]*ServerConn),
 		conns:    make(map[*ServerConn]struct{}),
@@ -321,7 +323,7 @@ func (s *Server) authenticate(qc *quic.Conn) (*ServerConn, error) {
 		m, err = parseHello(f.body)
 	}
 	if err != nil {
-		s.log.Warn("refused client: bad hello", "addr", qc.RemoteAddr(), "err", err)
+		s.warns.Warn(s.log, ratelog.Peer(qc.RemoteAddr().String()), "refused client: bad hello", "addr", qc.RemoteAddr(), "err", err)
 		qc.CloseWithError(closeProto, "bad hello")
 		return nil, err
 	}
@@ -332,7 +334,7 @@ func (s *Server) authenticate(qc *quic.Conn) (*ServerConn, error) {
 	}
 	var scratch []byte
 	if !hmac.Equal(want[:], m.proof[:]) {
-		s.log.Warn("refused client: bad token", "addr", qc.RemoteAddr(), "client", f.Client, "host", m.host)
+		s.warns.Warn(s.log, ratelog.Peer(qc.RemoteAddr().String()), "refused client: bad token", "addr", qc.RemoteAddr(), "client", f.Client, "host", m.host)
 		writeFrame(st, &scratch, kindRefused, f.Header, []byte("bad token"), nil)
 		st.Close()
 		// The close code tells the client too, should the frame not arrive first.
@@ -369,13 +371,13 @@ func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
 			case errors.Is(err, io.EOF):
 				st.Close()
 			case errors.Is(err, errFrameVersion):
-				s.log.Warn("request with unsupported frame version", "client", sc.client, "addr", sc.RemoteAddr(), "err", err)
+				s.warns.Warn(s.log, ratelog.Peer(sc.RemoteAddr().String()), "request with unsupported frame version", "client", sc.client, "addr", sc.RemoteAddr(), "err", err)
 				fail(Header{}, errCodeVersion, err)
 			case errors.Is(err, ErrTooLarge):
-				s.log.Warn("request too large", "client", sc.client, "addr", sc.RemoteAddr(), "err", err)
+				s.warns.Warn(s.log, ratelog.Peer(sc.RemoteAddr().String()), "request too large", "client", sc.client, "addr", sc.RemoteAddr(), "err", err)
 				fail(Header{}, errCodeTooLarge, err)
 			case errors.Is(err, errFrameKind), errors.Is(err, errFrameShort):
-				s.log.Warn("malformed request", "client", sc.client, "addr", sc.RemoteAddr(), "err", err)
+				s.warns.Warn(s.log, ratelog.Peer(sc.RemoteAddr().String()), "malformed request", "client", sc.client, "addr", sc.RemoteAddr(), "err", err)
 				fail(Header{}, errCodeMalformed, err)
 			default: // stream or connection gone
 				st.CancelWrite(streamCancel)
@@ -389,7 +391,7 @@ func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
 		if f.Client != sc.client {
 			// A connection speaks for the client it authenticated as only, so
 			// nobody can read or poison another client's reply cache.
-			s.log.Warn("request for another client id", "conn", sc.client, "request", f.Client, "addr", sc.RemoteAddr())
+			s.warns.Warn(s.log, ratelog.Peer(sc.RemoteAddr().String()), "request for another client id", "conn", sc.client, "request", f.Client, "addr", sc.RemoteAddr())
 			fail(f.Header, errCodeMalformed, fmt.Errorf("%w: client id %v differs from the connection's", ErrProtocol, f.Client))
 			return
 		}
