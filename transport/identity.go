@@ -3,6 +3,7 @@ package transport
 import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
@@ -35,14 +36,17 @@ type Token struct {
 }
 
 const (
-	identityFile  = "identity"
-	tokenFile     = "token"
-	tokenPrefix   = "lfs1-"
-	pemSecretType = "LEASEFS SECRET"
+	identityFile     = "identity"
+	tokenFile        = "token"
+	adminTokenFile   = "admin-token"
+	tokenPrefix      = "lfs1-"
+	adminTokenPrefix = "lfsadmin1-"
+	pemSecretType    = "LEASEFS SECRET"
 )
 
 // LoadOrCreateIdentity loads DIR/identity (certificate, key and secret, mode
-// 0600) or creates it when missing, and (re)writes DIR/token (mode 0600).
+// 0600) or creates it when missing, and (re)writes DIR/token and
+// DIR/admin-token (mode 0600).
 // created reports whether a new identity was made.
 func LoadOrCreateIdentity(dir string) (id *Identity, created bool, err error) {
 	path := filepath.Join(dir, identityFile)
@@ -65,8 +69,8 @@ func LoadOrCreateIdentity(dir string) (id *Identity, created bool, err error) {
 	default:
 		return nil, false, fmt.Errorf("transport: read identity: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, tokenFile), []byte(id.Token()+"\n")); err != nil {
-		return nil, false, fmt.Errorf("transport: write token: %w", err)
+	if err := writeTokens(dir, id); err != nil {
+		return nil, false, err
 	}
 	return id, created, nil
 }
@@ -141,8 +145,8 @@ func ParseIdentity(data []byte) (*Identity, error) {
 	return id, nil
 }
 
-// SaveIdentity writes id to DIR/identity and its token to DIR/token (both
-// 0600), replacing what is there: how a server joins a cluster whose
+// SaveIdentity writes id to DIR/identity and its tokens to DIR/token and
+// DIR/admin-token (all 0600), replacing what is there: how a server joins a cluster whose
 // identity it was given.
 func SaveIdentity(dir string, id *Identity) error {
 	data, err := id.PEM()
@@ -152,8 +156,16 @@ func SaveIdentity(dir string, id *Identity) error {
 	if err := writeFileAtomic(filepath.Join(dir, identityFile), data); err != nil {
 		return fmt.Errorf("transport: write identity: %w", err)
 	}
+	return writeTokens(dir, id)
+}
+
+// writeTokens writes DIR/token and DIR/admin-token (both 0600).
+func writeTokens(dir string, id *Identity) error {
 	if err := writeFileAtomic(filepath.Join(dir, tokenFile), []byte(id.Token()+"\n")); err != nil {
 		return fmt.Errorf("transport: write token: %w", err)
+	}
+	if err := writeFileAtomic(filepath.Join(dir, adminTokenFile), []byte(id.TokenValue().Admin().String()+"\n")); err != nil {
+		return fmt.Errorf("transport: write admin token: %w", err)
 	}
 	return nil
 }
@@ -263,4 +275,86 @@ func ReadTokenFile(path string) (Token, error) {
 		return Token{}, fmt.Errorf("%w (in %s)", err, path)
 	}
 	return t, nil
+}
+
+// AdminToken is what an operator needs for a server's admin endpoint: the
+// hash of the certificate the endpoint must present and a key derived from
+// the cluster secret. The secret cannot be computed back from the key, so
+// an admin token does not mount the file system.
+type AdminToken struct {
+	CertHash [32]byte
+	Key      [32]byte
+}
+
+// Admin derives the admin token: the key is HMAC-SHA256 of a fixed label
+// under the secret.
+func (t Token) Admin() AdminToken {
+	m := hmac.New(sha256.New, t.Secret[:])
+	m.Write([]byte("leasefs admin credential v1"))
+	a := AdminToken{CertHash: t.CertHash}
+	copy(a.Key[:], m.Sum(nil))
+	return a
+}
+
+// String formats the admin token as ParseAdminToken reads it: "lfsadmin1-"
+// + hex(certificate hash) + "-" + hex(key). It is the admin credential.
+func (a AdminToken) String() string {
+	return adminTokenPrefix + hex.EncodeToString(a.CertHash[:]) + "-" + hex.EncodeToString(a.Key[:])
+}
+
+// ParseAdminToken parses an admin token (DIR/admin-token), or a join token,
+// from which it derives the admin token: the secret goes no further.
+func ParseAdminToken(s string) (AdminToken, error) {
+	s = strings.TrimSpace(s)
+	if strings.HasPrefix(s, tokenPrefix) {
+		t, err := ParseToken(s)
+		return t.Admin(), err
+	}
+	var a AdminToken
+	rest, ok := strings.CutPrefix(s, adminTokenPrefix)
+	if !ok {
+		return a, errors.New(`transport: admin token: does not start with "lfsadmin1-" or "lfs1-" (not a leasefs token, or from another version)`)
+	}
+	hashHex, keyHex, ok := strings.Cut(rest, "-")
+	if !ok || len(hashHex) != 64 || len(keyHex) != 64 {
+		return a, errors.New("transport: admin token: wrong length (want lfsadmin1-<64 hex digits>-<64 hex digits>; was it cut off?)")
+	}
+	if _, err := hex.Decode(a.CertHash[:], []byte(hashHex)); err != nil {
+		return AdminToken{}, fmt.Errorf("transport: admin token: certificate hash: %w", err)
+	}
+	if _, err := hex.Decode(a.Key[:], []byte(keyHex)); err != nil {
+		return AdminToken{}, fmt.Errorf("transport: admin token: key: %w", err)
+	}
+	return a, nil
+}
+
+// ReadAdminTokenFile reads DIR/admin-token, or a join token file (DIR/token)
+// and derives the admin token from it.
+func ReadAdminTokenFile(path string) (AdminToken, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return AdminToken{}, fmt.Errorf("transport: admin token file: %w", err)
+	}
+	a, err := ParseAdminToken(string(data))
+	if err != nil {
+		return AdminToken{}, fmt.Errorf("%w (in %s)", err, path)
+	}
+	return a, nil
+}
+
+// PinnedTLS is a TLS client configuration that accepts only the
+// certificate whose SHA-256 is certHash (a token's pin): there is no CA to
+// check. A mismatch fails the handshake with ErrWrongServer.
+func PinnedTLS(certHash [32]byte) *tls.Config {
+	return &tls.Config{
+		InsecureSkipVerify: true,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 || sha256.Sum256(raw[0]) != certHash {
+				return ErrWrongServer
+			}
+			return nil
+		},
+		ServerName: "leasefs",
+		MinVersion: tls.VersionTLS13,
+	}
 }
