@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/internal/testnet"
+	"github.com/leasefs/leasefs/transport"
 )
 
 // admin runs `leasefs admin` and returns its output.
@@ -68,10 +70,9 @@ func row(table string, fields ...string) bool {
 // traffic and the flock; the status page renders in headless Chromium;
 // evicting one mount's client makes it recover while the other proceeds.
 func TestAdmin(t *testing.T) {
-	adminAddr := testnet.TCPAddr(t)
-	s := startServer(t, "--admin", adminAddr, "--client-lease", "500ms", "--delivery-timeout", "100ms")
+	s := startServer(t, "--admin", testnet.TCPAddr(t), "--client-lease", "500ms", "--delivery-timeout", "100ms")
 	a, b := startMount(t, s), startMount(t, s)
-	srv := []string{"--server", adminAddr}
+	srv := s.adminArgs()
 
 	must(t, os.WriteFile(filepath.Join(a.dir, "x"), []byte("from a"), 0o644))
 	must(t, os.WriteFile(filepath.Join(b.dir, "y"), []byte("from b"), 0o644))
@@ -116,12 +117,12 @@ func TestAdmin(t *testing.T) {
 	if !row(mstat, "client", idA) || !row(mstat, "lease left") || !row(mstat, "nacks received", "0") {
 		t.Errorf("mount status:\n%s", mstat)
 	}
-	if out, err := runErr("", binary, "admin", "--server", adminAddr, "evict", "client:00000000000000ff"); err == nil ||
+	if out, err := runErr("", binary, append(append([]string{"admin"}, srv...), "evict", "client:00000000000000ff")...); err == nil ||
 		!strings.Contains(out, "no such client") {
 		t.Errorf("evicting an unknown client: %v\n%s", err, out)
 	}
 
-	t.Run("chromium", func(t *testing.T) { statusPage(t, "http://"+adminAddr+"/", idA, idB) })
+	t.Run("chromium", func(t *testing.T) { statusPage(t, s, idA, idB) })
 
 	// Evict a: it is NACKed; b goes on working meanwhile.
 	out := admin(t, append(srv, "evict", idA)...)
@@ -163,9 +164,11 @@ func TestAdmin(t *testing.T) {
 	}
 }
 
-// statusPage loads the status page in headless Chromium and checks that the
-// rendered DOM shows both clients and the flock, then takes a screenshot.
-func statusPage(t *testing.T, url, idA, idB string) {
+// statusPage loads the status page in headless Chromium, signed in by the
+// one-time link of `leasefs admin page`, and checks that the rendered DOM
+// shows both clients and the flock, and still does in a later browser run
+// on the cookie the first one kept; then takes a screenshot.
+func statusPage(t *testing.T, s *server, idA, idB string) {
 	bin := ""
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
@@ -179,11 +182,23 @@ func statusPage(t *testing.T, url, idA, idB string) {
 	dir := t.TempDir()
 	flags := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
 		"--user-data-dir=" + filepath.Join(dir, "profile"), "--window-size=1280,900"}
-	dom := run(t, dir, bin, append(flags, "--dump-dom", url)...)
+	url := "http://" + s.adminAddr() + "/"
+	if dom := run(t, dir, bin, append(flags, "--dump-dom", url)...); strings.Contains(dom, idA) || !strings.Contains(dom, "leasefs admin --server") {
+		t.Errorf("the status page without signing in:\n%s", dom)
+	}
+	link := regexp.MustCompile(`http://\S+/login\?once=[0-9a-f]+`).FindString(admin(t, append(s.adminArgs(), "page")...))
+	if link == "" {
+		t.Fatal("leasefs admin page printed no link")
+	}
+	dom := run(t, dir, bin, append(flags, "--dump-dom", link)...)
 	for _, want := range []string{idA, idB, "flock", "2 sessions", "none (single server)"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("rendered status page lacks %q:\n%s", want, dom)
 		}
+	}
+	// another browser run, on the cookie the first one kept
+	if dom := run(t, dir, bin, append(flags, "--dump-dom", url)...); !strings.Contains(dom, idA) {
+		t.Errorf("the status page on the kept cookie lacks %s:\n%s", idA, dom)
 	}
 	shot := filepath.Join(dir, "status.png")
 	run(t, dir, bin, append(flags, "--screenshot="+shot, url)...)
@@ -280,16 +295,14 @@ func TestCPUs(t *testing.T) {
 		}
 		return n
 	}
-	adminAddr := testnet.TCPAddr(t)
-	s := startServer(t, "--admin", adminAddr, "--cpus", "3")
-	if n := cpus("--server", adminAddr); n != 3 {
+	s := startServer(t, "--admin", testnet.TCPAddr(t), "--cpus", "3")
+	if n := cpus(s.adminArgs()...); n != 3 {
 		t.Errorf("serve --cpus 3: the server uses %d", n)
 	}
-	adminAddr = testnet.TCPAddr(t)
-	startServer(t, "--admin", adminAddr)
+	idle := startServer(t, "--admin", testnet.TCPAddr(t))
 	want := orEnv(1)
 	waitFor(t, 10*time.Second, fmt.Sprintf("the idle server to use %d CPUs", want), func() bool {
-		return cpus("--server", adminAddr) == want
+		return cpus(idle.adminArgs()...) == want
 	})
 	if n := cpus("--mount", startMount(t, s, "--cpus", "3").dir); n != 3 {
 		t.Errorf("mount --cpus 3: the mount uses %d", n)
@@ -297,5 +310,46 @@ func TestCPUs(t *testing.T) {
 	// this process's default is the mount's
 	if n, want := cpus("--mount", startMount(t, s).dir), orEnv(max(1, runtime.GOMAXPROCS(0)/2)); n != want {
 		t.Errorf("by default the mount uses %d CPUs, want %d", n, want)
+	}
+}
+
+// TestAdminEndpointAuth: a server's loopback admin endpoint answers
+// /metrics and /healthz to anyone, the rest only with the admin token;
+// `leasefs admin` works with the join token file (it derives the admin
+// token) and refuses a server of another cluster (its token pins another
+// certificate).
+func TestAdminEndpointAuth(t *testing.T) {
+	s := startServer(t, "--admin", testnet.TCPAddr(t))
+	for path, want := range map[string]int{"/metrics": 200, "/healthz": 200, "/api/status": 401, "/api/clients": 401,
+		"/debug/pprof/": 401, "/": 401} {
+		resp, err := http.Get("http://" + s.adminAddr() + path)
+		must(t, err)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s without credential: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	// over TLS as well, pinned
+	tok, err := transport.ReadAdminTokenFile(s.tokenFile)
+	must(t, err)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: transport.PinnedTLS(tok.CertHash)}}
+	resp, err := hc.Get("https://" + s.adminAddr() + "/api/status")
+	must(t, err)
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Errorf("GET /api/status over TLS without credential: %d", resp.StatusCode)
+	}
+	if _, err := os.Stat(filepath.Join(s.dir, "admin-token")); err != nil {
+		t.Fatalf("no admin-token in the data directory: %v", err)
+	}
+
+	out := admin(t, "--server", s.adminAddr(), "--token-file", s.tokenFile, "status")
+	if !row(out, "server", "server:1") {
+		t.Errorf("status with the join token file:\n%s", out)
+	}
+	other := startServer(t)
+	out, err = runErr("", binary, "admin", "--server", s.adminAddr(), "--token-file", other.tokenFile, "status")
+	if err == nil || !strings.Contains(out, "does not present the cluster certificate") {
+		t.Errorf("admin with another cluster's token: %v\n%s", err, out)
 	}
 }

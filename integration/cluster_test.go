@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -97,16 +95,7 @@ func (s *clusterServer) checksum(t *testing.T) string {
 // adminGet returns the body of the server's admin endpoint path.
 func (s *clusterServer) adminGet(t *testing.T, path string) []byte {
 	t.Helper()
-	resp, err := http.Get("http://" + s.admin + path)
-	if err != nil {
-		t.Fatalf("server %d %s: %v", s.id, path, err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("server %d %s: %s: %s", s.id, path, resp.Status, body)
-	}
-	return bytes.TrimSpace(body)
+	return s.adminCall(t, "GET", path)
 }
 
 // converged waits until every running server reports the same checksum,
@@ -325,15 +314,7 @@ func (s *clusterServer) cutPeers(t testing.TB, on bool) {
 	if on {
 		v = "1"
 	}
-	resp, err := http.Post("http://"+s.admin+"/api/peer-cut?on="+v, "", nil)
-	if err != nil {
-		t.Fatalf("server %d peer-cut: %v", s.id, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(resp.Body)
-		t.Fatalf("server %d peer-cut: %s: %s", s.id, resp.Status, body)
-	}
+	s.adminCall(t, "POST", "/api/peer-cut?on="+v)
 }
 
 // TestClusterPartition: the owner of a file is cut off from the other two
@@ -421,18 +402,13 @@ func TestClusterPartition(t *testing.T) {
 // clusterCounters reads a server's hand-over and redirect counters.
 func (s *clusterServer) clusterCounters(t *testing.T) (handovers, redirects int64) {
 	t.Helper()
-	resp, err := http.Get("http://" + s.admin + "/api/status")
-	if err != nil {
-		t.Fatalf("server %d status: %v", s.id, err)
-	}
-	defer resp.Body.Close()
 	var st struct {
 		Cluster struct {
 			HandoversAsked int64 `json:"handovers_asked"`
 			Redirects      int64 `json:"redirects"`
 		} `json:"cluster"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+	if err := json.Unmarshal(s.adminCall(t, "GET", "/api/status"), &st); err != nil {
 		t.Fatalf("server %d status: %v", s.id, err)
 	}
 	return st.Cluster.HandoversAsked, st.Cluster.Redirects

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -496,13 +495,13 @@ func TestBufferedAttrs(t *testing.T) {
 
 // serverOpenFiles returns how many open handles the server counts for a
 // mount's client (admin clients).
-func serverOpenFiles(t *testing.T, adminAddr, client string) int {
+func serverOpenFiles(t *testing.T, s *server, client string) int {
 	t.Helper()
 	var cs []struct {
 		Client    string `json:"client"`
 		OpenFiles int    `json:"open_files"`
 	}
-	out := admin(t, "--server", adminAddr, "--json", "clients")
+	out := admin(t, append(s.adminArgs(), "--json", "clients")...)
 	must(t, json.Unmarshal([]byte(out), &cs))
 	for _, c := range cs {
 		if c.Client == client {
@@ -535,11 +534,11 @@ func TestOpenUnderLock(t *testing.T) {
 		if got := mountStatus(t, a.dir).Requests - before.Requests; got != 0 {
 			t.Errorf("an open under the mount's lock asked the server %d times", got)
 		}
-		if n := serverOpenFiles(t, adminAddr, idA); n != 0 {
+		if n := serverOpenFiles(t, s, idA); n != 0 {
 			t.Errorf("the server counts %d open files of a mount that opened locally, want 0", n)
 		}
 		must(t, os.Remove(filepath.Join(remover.dir, name)))
-		if n := serverOpenFiles(t, adminAddr, idA); n != 1 {
+		if n := serverOpenFiles(t, s, idA); n != 1 {
 			t.Fatalf("after the unlink the server counts %d open files of the mount, want 1", n)
 		}
 		if exists(p) {
@@ -558,7 +557,7 @@ func TestOpenUnderLock(t *testing.T) {
 		must(t, f.Close())
 		// the last close of an unlinked file purges it (metaserver closeHandle)
 		waitFor(t, 5*time.Second, "the close to reach the server", func() bool {
-			return serverOpenFiles(t, adminAddr, idA) == 0
+			return serverOpenFiles(t, s, idA) == 0
 		})
 	}
 }
@@ -621,7 +620,7 @@ func TestAppendsSurviveEviction(t *testing.T) {
 	// a hears nothing of it until b has appended (a's renewals would
 	// recover it at once)
 	a.signal(syscall.SIGSTOP)
-	evict(t, adminAddr, idA)
+	evict(t, s, idA)
 	fb, err := os.OpenFile(filepath.Join(b.dir, "log"), os.O_WRONLY|os.O_APPEND, 0)
 	must(t, err)
 	defer fb.Close()
@@ -639,23 +638,18 @@ func TestAppendsSurviveEviction(t *testing.T) {
 	}
 }
 
-// evict makes the server at adminAddr fail client id now (through the
-// API, not `leasefs admin`: exec closes this process's descriptors, and a
-// close could wait for a frozen mount).
-func evict(t *testing.T, adminAddr, id string) {
+// evict makes server s fail client id now (through the API, not `leasefs
+// admin`: exec closes this process's descriptors, and a close could wait
+// for a frozen mount).
+func evict(t *testing.T, s *server, id string) {
 	t.Helper()
-	rep, err := http.Post("http://"+adminAddr+"/api/evict?client="+id, "", nil)
-	must(t, err)
-	rep.Body.Close()
-	if rep.StatusCode != http.StatusOK {
-		t.Fatalf("evict: %s", rep.Status)
-	}
+	s.adminCall(t, "POST", "/api/evict?client="+id)
 }
 
 // evictAndRecover evicts mount m's client id and waits until m recovered.
-func evictAndRecover(t *testing.T, adminAddr, id string, m *mount) {
+func evictAndRecover(t *testing.T, s *server, id string, m *mount) {
 	t.Helper()
-	evict(t, adminAddr, id)
+	evict(t, s, id)
 	waitFor(t, 10*time.Second, "the mount to recover", func() bool {
 		_, st := mountStats(t, m)
 		return st.Recoveries > 0
@@ -685,7 +679,7 @@ func TestRemovedFileChangesDropped(t *testing.T) {
 	must(t, os.Chtimes(p, time.Unix(1e9, 0), time.Unix(1e9, 0)))
 	must(t, os.Remove(p))
 	id, _ := mountClient(t, m)
-	evictAndRecover(t, adminAddr, id, m)
+	evictAndRecover(t, s, id, m)
 	// the recovery's reclaim, then a flush of what is left, have run
 	must(t, os.WriteFile(filepath.Join(m.dir, "g"), []byte("after"), 0o644))
 	if _, st := mountStats(t, m); st.DataLost != 0 {

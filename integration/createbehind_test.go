@@ -167,11 +167,11 @@ func TestCreateBehindNack(t *testing.T) {
 				time.Sleep(30 * time.Millisecond)
 			}
 			if closing {
-				evictAndRecover(t, adminAddr, id, m)
+				evictAndRecover(t, s, id, m)
 			} else {
 				// no process started until the close: its copy of f,
 				// closed at exec, would flush f
-				evict(t, adminAddr, id)
+				evict(t, s, id)
 				waitFor(t, 10*time.Second, "the mount to recover", func() bool { return recoveries(t, m) > 0 })
 				closed <- f.Close()
 			}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/leasefs/leasefs/internal/mountsock"
 	"github.com/leasefs/leasefs/internal/testnet"
+	"github.com/leasefs/leasefs/transport"
 )
 
 var binary string // the leasefs binary built once for all tests
@@ -198,6 +199,46 @@ func (s *server) start(t testing.TB) {
 		out := s.output()
 		return strings.Contains(out, "serving") && (!admin || strings.Contains(out, "admin endpoint"))
 	})
+}
+
+// adminAddr is the server's --admin address ("" without one).
+func (s *server) adminAddr() string {
+	if i := slices.Index(s.extra, "--admin"); i >= 0 && i+1 < len(s.extra) {
+		return s.extra[i+1]
+	}
+	return ""
+}
+
+// adminArgs are the flags with which `leasefs admin` reaches the server's
+// admin endpoint: its address and the admin token of its data directory.
+func (s *server) adminArgs() []string {
+	return []string{"--server", s.adminAddr(), "--token-file", filepath.Join(s.dir, "admin-token")}
+}
+
+// adminCall sends a request to the server's admin endpoint as `leasefs
+// admin` does (TLS pinned to the cluster's certificate, the admin token)
+// and returns the body of its 200 answer; anything else fails the test.
+func (s *server) adminCall(t testing.TB, method, path string) []byte {
+	t.Helper()
+	tok, err := transport.ReadAdminTokenFile(filepath.Join(s.dir, "admin-token"))
+	must(t, err)
+	tr := &http.Transport{Proxy: nil, TLSClientConfig: transport.PinnedTLS(tok.CertHash)}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, "https://"+s.adminAddr()+path, nil)
+	must(t, err)
+	req.Header.Set("Authorization", "Bearer "+tok.String())
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatalf("admin %s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("admin %s %s: %s: %s", method, path, resp.Status, body)
+	}
+	return bytes.TrimSpace(body)
 }
 
 // restart kills the server with SIGKILL and starts it again on the same

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -125,24 +124,20 @@ func BenchmarkRequestRate(b *testing.B) {
 
 // startProtoLeasefs is startPerfLeasefs with the server's admin endpoint
 // on, so a benchmark can count the requests that reached the server.
-func startProtoLeasefs(b *testing.B) (m *mount, admin string) {
+func startProtoLeasefs(b *testing.B) (m *mount, s *server) {
 	b.Helper()
 	requireFUSE(b)
-	admin = testnet.TCPAddr(b)
-	s := &server{dir: tmpfsDir(b, "data"), addr: testnet.UDPAddr(b), extra: []string{"--log-level", "info", "--admin", admin}}
+	s = &server{dir: tmpfsDir(b, "data"), addr: testnet.UDPAddr(b), extra: []string{"--log-level", "info", "--admin", testnet.TCPAddr(b)}}
 	s.tokenFile = filepath.Join(s.dir, "token")
 	s.start(b)
-	return startMount(b, s, "--log-level", "info"), admin
+	return startMount(b, s, "--log-level", "info"), s
 }
 
 // adminCounters reads a server's counters from its admin endpoint.
-func adminCounters(t testing.TB, addr string) metaserver.AdminCounters {
+func adminCounters(t testing.TB, s *server) metaserver.AdminCounters {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/api/counters")
-	must(t, err)
-	defer resp.Body.Close()
 	var c metaserver.AdminCounters
-	must(t, json.NewDecoder(resp.Body).Decode(&c))
+	must(t, json.Unmarshal(s.adminCall(t, "GET", "/api/counters"), &c))
 	return c
 }
 
@@ -183,7 +178,7 @@ func BenchmarkLockPingPong(b *testing.B) {
 	var total time.Duration
 	var rounds, revoked int64
 	for range b.N {
-		before := adminCounters(b, admin)
+		before := adminCounters(b, s)
 		start := time.Now()
 		for i := range sz.rounds {
 			if _, err := fa.WriteAt([]byte{byte(2 * i)}, 0); err != nil {
@@ -194,7 +189,7 @@ func BenchmarkLockPingPong(b *testing.B) {
 			}
 		}
 		total += time.Since(start)
-		after := adminCounters(b, admin)
+		after := adminCounters(b, s)
 		rounds += int64(sz.rounds)
 		revoked += after.LocksRevoked - before.LocksRevoked
 		// the last write wins on both sides (single-system image)
@@ -241,7 +236,7 @@ func statAll(dir string, n int) error {
 // run out (there the kernel must ask the file system again); the same on
 // the loopback. ratio = loopback time / leasefs time.
 func BenchmarkCachedStat(b *testing.B) {
-	m, admin := startProtoLeasefs(b)
+	m, s := startProtoLeasefs(b)
 	loop := mountLoopback(b)
 	n := protoSize().files
 	var second, late [2][]time.Duration // [leasefs, loopback]
@@ -260,21 +255,21 @@ func BenchmarkCachedStat(b *testing.B) {
 			must(b, statAll(dir, n))
 			var c0, c1, c2 int64
 			if side == 0 {
-				c0 = adminCounters(b, admin).Requests
+				c0 = adminCounters(b, s).Requests
 			}
 			start := time.Now()
 			must(b, statAll(dir, n))
 			second[side] = append(second[side], time.Since(start))
 			if side == 0 {
-				c1 = adminCounters(b, admin).Requests
+				c1 = adminCounters(b, s).Requests
 			}
 			time.Sleep(1100 * time.Millisecond)
 			if side == 0 {
-				c1b := adminCounters(b, admin).Requests // renewals while asleep
+				c1b := adminCounters(b, s).Requests // renewals while asleep
 				start = time.Now()
 				must(b, statAll(dir, n))
 				late[side] = append(late[side], time.Since(start))
-				c2 = adminCounters(b, admin).Requests
+				c2 = adminCounters(b, s).Requests
 				reqs += c1 - c0
 				lateReqs += c2 - c1b
 				continue
@@ -303,7 +298,7 @@ func BenchmarkCachedStat(b *testing.B) {
 // loopback. ratio = loopback time / leasefs time; issue 3's target is 0.9
 // and issue 8's 1.0.
 func BenchmarkReread(b *testing.B) {
-	m, admin := startProtoLeasefs(b)
+	m, s := startProtoLeasefs(b)
 	loop := mountLoopback(b)
 	mib := protoSize().rereadMB
 	var reqs int64 // server requests during leasefs's timed reads
@@ -322,13 +317,13 @@ func BenchmarkReread(b *testing.B) {
 			must(b, e.readSeq(p, mib))
 			var c0 int64
 			if side == 0 {
-				c0 = adminCounters(b, admin).Requests
+				c0 = adminCounters(b, s).Requests
 			}
 			start := time.Now()
 			must(b, e.readSeq(p, mib))
 			times[side] = append(times[side], time.Since(start))
 			if side == 0 {
-				reqs += adminCounters(b, admin).Requests - c0
+				reqs += adminCounters(b, s).Requests - c0
 			}
 			must(b, os.Remove(p)) // keeps tmpfs use at one file per side
 		}

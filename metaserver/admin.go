@@ -17,26 +17,37 @@ package metaserver
 //	/api/checksum        ChecksumInfo (a hash of every replicated record)
 //	POST /api/evict?client=ID   EvictResult
 //	POST /api/peer-cut?on=1|0   cut the links to the other servers (only with --peer-faults: tests)
+//	POST /api/login-link LoginLink: a one-time link that opens the status page in a browser
+//	/login?once=NONCE    sets the status page's cookie, once per link
+//	/debug/pprof/...     profiles of the server process
 //	/metrics             Prometheus text format
+//	/healthz             "ok"
 //
 // # Auth
 //
-// A listener on a loopback address serves anyone on the machine (the
-// default). Any other listener, or AdminConfig.RequireToken, requires
-// "Authorization: Bearer <cluster token>"; a wrong or missing token gets 401
-// and a log line.
+// Everything but /metrics, /healthz and /login needs the admin credential:
+// "Authorization: Bearer <admin token>" (DATA/admin-token, or derived from
+// the join token by `leasefs admin`), or the cookie a login link sets. The
+// join token itself is never accepted. The endpoint speaks TLS with the
+// cluster's certificate, which admin clients pin as mounts do; a loopback
+// listener also speaks plain HTTP (a browser on the machine; told apart by
+// the first byte), and checks the Host header against DNS rebinding. A
+// request whose Origin is not the endpoint itself is refused (a web page
+// posting to it). See admin_auth.go.
 
 import (
 	"context"
-	"crypto/subtle"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -62,9 +73,6 @@ var (
 // AdminConfig configures ServeAdmin.
 type AdminConfig struct {
 	Listen string // HOST:PORT; "127.0.0.1:0" picks a free loopback port
-	// RequireToken demands the cluster token even on loopback (tests,
-	// shared machines). Non-loopback listeners always demand it.
-	RequireToken bool
 	// Refresh is the status page's refresh period (default 2 s).
 	Refresh time.Duration
 }
@@ -74,10 +82,10 @@ type Admin struct {
 	s       *Server
 	ln      net.Listener
 	http    *http.Server
-	auth    bool
 	refresh time.Duration
 	reg     *prometheus.Registry
 	m       *metrics
+	auth    *adminAuth
 }
 
 // metrics are the Prometheus collectors a server feeds while an admin
@@ -159,11 +167,15 @@ func (s *Server) ServeAdmin(cfg AdminConfig) (*Admin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metaserver: admin listen on %s: %w", cfg.Listen, err)
 	}
-	a := &Admin{s: s, ln: ln, refresh: cfg.Refresh, reg: prometheus.NewRegistry(), m: newMetrics()}
+	a := &Admin{s: s, refresh: cfg.Refresh, reg: prometheus.NewRegistry(), m: newMetrics()}
 	if a.refresh <= 0 {
 		a.refresh = 2 * time.Second
 	}
-	a.auth = cfg.RequireToken || !isLoopback(ln.Addr())
+	if a.auth, err = newAdminAuth(s, ln.Addr()); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	a.ln = a.auth.listener(ln)
 	a.register()
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", a.page)
@@ -182,15 +194,23 @@ func (s *Server) ServeAdmin(cfg AdminConfig) (*Admin, error) {
 	})
 	mux.HandleFunc("POST /api/evict", a.evict)
 	mux.HandleFunc("POST /api/peer-cut", a.peerCut)
+	mux.HandleFunc("POST /api/login-link", a.auth.loginLink)
+	mux.HandleFunc("GET /login", a.auth.login)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
-	// Profiles of the server process, behind the same token as the rest
-	// (go tool pprof http://ADMIN/debug/pprof/profile).
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	// Profiles of the server process, behind the credential as the rest
+	// (curl -k -H "Authorization: Bearer $(cat DATA/admin-token)" https://ADMIN/debug/pprof/profile).
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	a.http = &http.Server{Handler: a.authorize(mux), ReadHeaderTimeout: 10 * time.Second}
+	a.http = &http.Server{Handler: a.auth.guard(mux), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
 	servers.Store(s, a.m)
-	go func() { _ = a.http.Serve(ln) }()
-	s.log.Info("admin endpoint", "listen", ln.Addr().String(), "token_required", a.auth)
+	go func() { _ = a.http.Serve(a.ln) }()
+	s.log.Info("admin endpoint", "listen", ln.Addr().String(), "tls", true, "plain_http", a.auth.plain,
+		"credential", filepath.Join(s.cfg.Dir, "admin-token"))
 	return a, nil
 }
 
@@ -208,21 +228,6 @@ func (a *Admin) Close() error {
 func isLoopback(addr net.Addr) bool {
 	ta, ok := addr.(*net.TCPAddr)
 	return ok && ta.IP.IsLoopback()
-}
-
-func (a *Admin) authorize(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if a.auth {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(a.s.Token())) != 1 {
-				a.s.log.Warn("admin: unauthorized request", "remote", r.RemoteAddr, "path", r.URL.Path, "had_token", ok)
-				w.Header().Set("WWW-Authenticate", `Bearer realm="leasefs"`)
-				http.Error(w, "401 unauthorized: send Authorization: Bearer <cluster token>", http.StatusUnauthorized)
-				return
-			}
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 func jsonOf[T any](f func() T) http.HandlerFunc {

@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,7 +36,8 @@ var adminListen string
 
 func addAdminFlag(fs *pflag.FlagSet) {
 	fs.StringVar(&adminListen, "admin", "", "HOST:PORT for the admin endpoint (JSON API, /metrics, status page); "+
-		"empty: off. Non-loopback addresses require the cluster token as a Bearer token")
+		"empty: off. It speaks TLS with the cluster's certificate (on a loopback address plain HTTP too) and\n"+
+		"needs the admin token (DATA/admin-token) for everything but /metrics and /healthz")
 }
 
 // startAdmin starts srv's admin endpoint if --admin was given. It lives as
@@ -106,9 +108,12 @@ func serveMountStatus(c *client.Client, mountpoint string, log *slog.Logger) (st
 }
 
 func runAdmin(argv []string) error {
-	fs := newFlags("admin", "(--server HOST:PORT [--token-file F] | --mount MOUNTPOINT) [--json] COMMAND [ARG]",
+	fs := newFlags("admin", "(--server HOST:PORT --token-file F | --mount MOUNTPOINT) [--json] COMMAND [ARG]",
 		"Show what a leasefs server or mount is doing, or act on it. --server is the server's\n"+
-			"--admin address (HTTP), not its client port.\n\n"+
+			"--admin address, not its client port. --token-file is the server's DATA/admin-token, or\n"+
+			"the join token (DATA/token), from which the admin token is derived here: the join token's\n"+
+			"secret is never sent. The endpoint must present the cluster's certificate, which the\n"+
+			"token pins; the connection is TLS.\n\n"+
 			"Server commands:\n"+
 			"  status          server id, uptime, lease parameters, peers, store size\n"+
 			"  clients         sessions: client, host, address, lease state, last request, locks\n"+
@@ -117,6 +122,7 @@ func runAdmin(argv []string) error {
 			"  counters        request, NACK, lock and failure counters\n"+
 			"  checksum        hash of every replicated record: equal on servers whose replicas agree\n"+
 			"  evict CLIENT    fail CLIENT now: it gets NACKs, its locks are stolen after τ(1+δ)\n"+
+			"  page            print a link that opens the status page in a browser (once, within a minute)\n"+
 			"Mount commands:\n"+
 			"  status          session, lease time left, cache size, locks, counters\n"+
 			"  sync            send what the mount buffered (writes, attribute changes, creates and removals\n"+
@@ -125,7 +131,7 @@ func runAdmin(argv []string) error {
 	var asJSON bool
 	fs.StringVar(&server, "server", "", "the server's admin endpoint HOST:PORT (serve --admin)")
 	fs.StringVar(&mount, "mount", "", "ask the mount at MOUNTPOINT instead of a server")
-	fs.StringVar(&tokenFile, "token-file", "", "cluster token file (needed when the endpoint is not on loopback)")
+	fs.StringVar(&tokenFile, "token-file", "", "with --server: the server's DATA/admin-token, or the join token DATA/token")
 	fs.BoolVar(&asJSON, "json", false, "print the JSON the endpoint returned instead of a table")
 	if err := parse(fs, argv); err != nil {
 		return err
@@ -155,45 +161,30 @@ func runAdmin(argv []string) error {
 		}
 		return show(os.Stdout, body, asJSON, printMount)
 	}
-	token := ""
-	if tokenFile != "" {
-		tok, err := transport.ReadTokenFile(tokenFile)
-		if err != nil {
-			return err
-		}
-		token = tok.String()
+	if tokenFile == "" {
+		return errors.New("--server needs --token-file: the server's DATA/admin-token (or its join token, DATA/token)")
 	}
-	base := "http://" + server
-	hc := http.DefaultClient
-	get := func(path string) ([]byte, error) { return fetch(ctx, hc, "GET", base+path, token) }
+	tok, err := transport.ReadAdminTokenFile(tokenFile)
+	if err != nil {
+		return err
+	}
+	ac := newAdminClient(server, tok)
+	defer ac.close()
 	var body []byte
-	var err error
 	var printer func(io.Writer, []byte) error
 	switch cmd := args[0]; {
 	case cmd == "evict" && len(args) == 2:
-		body, err = fetch(ctx, hc, "POST", base+"/api/evict?client="+url.QueryEscape(args[1]), token)
+		body, err = ac.do(ctx, "POST", "/api/evict?client="+url.QueryEscape(args[1]))
 		printer = printEvict
 	case len(args) != 1:
 		fs.Usage()
 		return errUsage
-	case cmd == "status":
-		body, err = get("/api/status")
-		printer = printStatus
-	case cmd == "clients":
-		body, err = get("/api/clients")
-		printer = printClients
-	case cmd == "locks":
-		body, err = get("/api/locks")
-		printer = printLocks
-	case cmd == "owners":
-		body, err = get("/api/owners")
-		printer = printOwners
-	case cmd == "counters":
-		body, err = get("/api/counters")
-		printer = printCounters
-	case cmd == "checksum":
-		body, err = get("/api/checksum")
-		printer = printChecksum
+	case cmd == "page":
+		body, err = ac.do(ctx, "POST", "/api/login-link")
+		printer = printLoginLink
+	case adminGets[cmd] != "":
+		body, err = ac.do(ctx, "GET", adminGets[cmd])
+		printer = adminPrinters[cmd]
 	default:
 		return fmt.Errorf("unknown admin command %q", cmd)
 	}
@@ -201,6 +192,49 @@ func runAdmin(argv []string) error {
 		return err
 	}
 	return show(os.Stdout, body, asJSON, printer)
+}
+
+// adminGets are the server commands that read an API path, and
+// adminPrinters their tables.
+var (
+	adminGets = map[string]string{"status": "/api/status", "clients": "/api/clients", "locks": "/api/locks",
+		"owners": "/api/owners", "counters": "/api/counters", "checksum": "/api/checksum"}
+	adminPrinters = map[string]func(io.Writer, []byte) error{"status": printStatus, "clients": printClients,
+		"locks": printLocks, "owners": printOwners, "counters": printCounters, "checksum": printChecksum}
+)
+
+// adminClient talks to a server's admin endpoint over TLS, accepting only
+// the certificate the token pins, and authenticates with the admin token:
+// a key derived from the cluster secret, useless for mounting. Nothing is
+// sent before the certificate checked out.
+type adminClient struct {
+	addr string
+	tok  transport.AdminToken
+	tr   *http.Transport
+	hc   *http.Client
+}
+
+func newAdminClient(addr string, tok transport.AdminToken) *adminClient {
+	tlsConf := transport.PinnedTLS(tok.CertHash)
+	tlsConf.NextProtos = []string{"http/1.1"}
+	// Proxy nil: to the address given, not through $HTTPS_PROXY.
+	tr := &http.Transport{Proxy: nil, TLSClientConfig: tlsConf, TLSHandshakeTimeout: 10 * time.Second}
+	return &adminClient{addr: addr, tok: tok, tr: tr, hc: &http.Client{Transport: tr}}
+}
+
+func (ac *adminClient) close() { ac.tr.CloseIdleConnections() }
+
+func (ac *adminClient) do(ctx context.Context, method, path string) ([]byte, error) {
+	body, err := fetch(ctx, ac.hc, method, "https://"+ac.addr+path, ac.tok.String())
+	switch {
+	case errors.Is(err, transport.ErrWrongServer):
+		return nil, fmt.Errorf("admin endpoint %s does not present the cluster certificate the token pins "+
+			"(another cluster's server, or not a leasefs server): nothing sent", ac.addr)
+	case errors.Is(err, http.ErrSchemeMismatch):
+		return nil, fmt.Errorf("admin endpoint %s answered in plain HTTP, not TLS (not a leasefs admin endpoint, "+
+			"or an older release's): nothing sent", ac.addr)
+	}
+	return body, err
 }
 
 func fetch(ctx context.Context, hc *http.Client, method, u, token string) ([]byte, error) {
@@ -413,6 +447,16 @@ func printMount(w io.Writer, body []byte) error {
 			fmt.Fprintf(tw, "%d\t%v\t%d\n", uint64(g.Ino), g.Mode, g.Seq)
 		}
 	})
+}
+
+func printLoginLink(w io.Writer, body []byte) error {
+	l, err := decode[metaserver.LoginLink](body)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "Open within %v, once, in a browser on a machine that reaches the endpoint:\n%s\n",
+		time.Until(l.Expires).Round(time.Second), l.URL)
+	return err
 }
 
 func printChecksum(w io.Writer, body []byte) error {
