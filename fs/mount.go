@@ -22,7 +22,7 @@ type MountOptions struct {
 // Mount mounts the leasefs client c at dir and returns the running FUSE
 // server; the caller waits on it and unmounts it.
 func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
-	mnt := &mountState{}
+	mnt := &mountState{owner: uint32(os.Geteuid())}
 	root := &Node{c: c, mnt: mnt}
 	// Zero timeouts until a data lock covers what the kernel caches: another
 	// client may change any entry or attribute at any moment. A reply sets

@@ -19,8 +19,9 @@ import (
 	"github.com/leasefs/leasefs/wire"
 )
 
-// StatusXattr is the extended attribute, readable on any file of a mount,
-// that reports the mount's client state without asking the server.
+// StatusXattr is the extended attribute, readable on any file of a mount
+// by the mount's owner and root, that reports the mount's client state
+// without asking the server.
 const StatusXattr = "user.leasefs.status"
 
 // Node is one leasefs inode as the kernel sees it.
@@ -39,6 +40,7 @@ type mountState struct {
 	// and revocations may already run: hence atomic, as srv.
 	names atomic.Pointer[nameEpoch]
 	srv   atomic.Pointer[fuse.Server]
+	owner uint32 // the uid the mount runs as: it and root may read StatusXattr
 }
 
 var _ = (gofs.NodeOnForgetter)((*Node)(nil))
@@ -280,6 +282,11 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	if attr == StatusXattr {
 		// Answered by this mount, not the server: its session, lease
 		// and cache, as JSON (getfattr -n leasefs.status MOUNTPOINT).
+		// Other users of a shared mount may not see it: it names the
+		// files the mount holds locks on and what it is doing.
+		if uid, _ := caller(ctx); uid != 0 && uid != n.mnt.owner {
+			return 0, syscall.EACCES
+		}
 		v, err = json.Marshal(n.c.Stats())
 	} else {
 		v, err = n.c.GetXattr(ctx, n.ino(), attr)

@@ -62,6 +62,10 @@ const (
 	// XattrNameMax and XattrSizeMax are Linux's limits.
 	XattrNameMax = 255
 	XattrSizeMax = 64 << 10
+	// XattrListMax bounds an inode's names list, each name and its NUL:
+	// Linux's listxattr returns at most this much (XATTR_LIST_MAX), and
+	// fails with E2BIG for a longer list, whatever the buffer.
+	XattrListMax = 64 << 10
 	// SymlinkMax is the longest symlink target (PATH_MAX).
 	SymlinkMax = 4096
 

@@ -524,21 +524,42 @@ func (s *Store) SetXattr(ino ids.Ino, name string, value []byte, flags uint32) e
 			return err
 		}
 		key := tx.keyStr(recXattr, ino, name)
-		if flags != 0 {
-			ok, err := tx.get(key, nil)
+		ok, err := tx.get(key, nil)
+		if err != nil {
+			return err
+		}
+		if ok && flags == XattrCreate {
+			return errExists
+		}
+		if !ok && flags == XattrReplace {
+			return errNoData
+		}
+		if !ok {
+			// A new name must leave the list listxattr can return: past
+			// it every listxattr of the file would fail. ENOSPC, as ext4
+			// answers when a file's xattrs fill their space.
+			n, err := tx.xattrListSize(ino)
 			if err != nil {
 				return err
 			}
-			if ok && flags == XattrCreate {
-				return errExists
-			}
-			if !ok && flags == XattrReplace {
-				return errNoData
+			if n+len(name)+1 > XattrListMax {
+				return wire.Errf(wire.CodeNoSpace, "xattr names of %d bytes and %q pass the %d bytes listxattr returns", n, name, XattrListMax)
 			}
 		}
 		return tx.set(key, value)
 	})
 	return err
+}
+
+// xattrListSize is the size of ino's xattr names list as listxattr
+// returns it: each name and its NUL.
+func (tx *Tx) xattrListSize(ino ids.Ino) (int, error) {
+	n := 0
+	err := tx.scan(tx.key(recXattr, ino, nil), nil, false, false, func(k, _ []byte) (bool, error) {
+		n += len(k) - 9 + 1
+		return true, nil
+	})
+	return n, err
 }
 
 // ListXattr lists an inode's extended attribute names in byte order.
