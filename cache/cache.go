@@ -22,8 +22,16 @@ type entry struct {
 	// revokedBelow voids every grant with a smaller sequence number: a
 	// grant overtaken by its revocation must not resurrect the lock.
 	revokedBelow uint64
-	attr         *wire.Attr
-	names        map[string]ids.Ino // directory entries; 0 caches "does not exist"
+	// attr is the newest attributes a reply gave (with this mount's
+	// predictions of its changes sent behind, Predict); Attr gives local
+	// over it. change is the greatest Change a reply showed, cached or
+	// not: what is older is not cached. See attr.go.
+	attr    *wire.Attr
+	change  uint64
+	local   *localAttr
+	pending int                // changes sent behind whose effect Predict made (attr.go)
+	touched uint64             // Cache.gen at this mount's last change outside a reply (attr.go)
+	names   map[string]ids.Ino // directory entries; 0 caches "does not exist"
 	// complete: names holds every entry of the directory (the client made
 	// it, under its lock), so a name not in names does not exist.
 	complete bool
@@ -59,9 +67,14 @@ type Cache struct {
 	names, maxNames int
 
 	// covered, during ApplyReply: the inodes whose grant in that reply
-	// was accepted, the only ones whose contents it may cache.
+	// was accepted, the only ones whose contents it may cache. sent is
+	// gen when the reply's request was sent.
 	covered map[ids.Ino]bool
 	inReply bool
+	sent    uint64
+	// gen counts this mount's changes of attributes made outside
+	// replies (entry.touched).
+	gen uint64
 
 	lru       list.List     // cached file pages, most recently used first
 	pool      *pagemem.Pool // memory of whole pages, made on first use
@@ -121,8 +134,10 @@ func (c *Cache) Granted(g wire.Grant) bool {
 // this same reply was accepted. A reply executed under a lock that a
 // revocation has since voided is stale even if a newer grant covers the
 // inode by the time it arrives (the server let the old holder finish while
-// another client waited, and that client may have written since).
-func (c *Cache) ApplyReply(grants []wire.Grant, fn func()) {
+// another client waited, and that client may have written since). sent is
+// Gen when the request was sent: attributes of an inode this mount changed
+// since then are not taken from the reply (attr.go).
+func (c *Cache) ApplyReply(grants []wire.Grant, sent uint64, fn func()) {
 	if c.covered == nil {
 		c.covered = map[ids.Ino]bool{}
 	}
@@ -133,7 +148,7 @@ func (c *Cache) ApplyReply(grants []wire.Grant, fn func()) {
 	}
 	defer clear(c.covered)
 	defer func() { c.inReply = false }()
-	c.inReply = true
+	c.inReply, c.sent = true, sent
 	fn()
 }
 
@@ -203,8 +218,7 @@ func (c *Cache) OpenLocally(ino ids.Ino) (*wire.Attr, bool) {
 	}
 	e.opens++
 	c.hits++
-	cp := *e.attr
-	return &cp, true
+	return e.view(), true
 }
 
 // CloseLocally uncounts a local open of ino; false if there is none, and
@@ -274,31 +288,6 @@ func (c *Cache) Mode(ino ids.Ino) (wire.LockMode, uint64) {
 	return wire.LockNone, 0
 }
 
-// SetAttr caches attributes if a lock covers them.
-func (c *Cache) SetAttr(a *wire.Attr) {
-	e := c.inodes[a.Ino]
-	switch {
-	case c.mayCache(e, a.Ino) && e.attr != nil && a.Version < e.attr.Version:
-		// A reply that crossed a newer one on the way.
-	case c.mayCache(e, a.Ino):
-		cp := *a
-		e.attr = &cp
-	case e != nil:
-		e.attr = nil // what we had may be older than a
-	}
-}
-
-// Attr returns cached attributes.
-func (c *Cache) Attr(ino ids.Ino) (*wire.Attr, bool) {
-	if e := c.inodes[ino]; e != nil && e.mode != wire.LockNone && e.attr != nil {
-		c.hits++
-		cp := *e.attr
-		return &cp, true
-	}
-	c.misses++
-	return nil, false
-}
-
 // SetNoXattrs records, under the lock this reply granted, that ino has
 // no extended attributes (the client just created it).
 func (c *Cache) SetNoXattrs(ino ids.Ino) {
@@ -320,13 +309,6 @@ func (c *Cache) ClearNoXattrs(ino ids.Ino) {
 func (c *Cache) NoXattrs(ino ids.Ino) bool {
 	e := c.inodes[ino]
 	return e != nil && e.mode != wire.LockNone && e.noXattrs
-}
-
-// InvalidateAttr forgets cached attributes (the client changed them).
-func (c *Cache) InvalidateAttr(ino ids.Ino) {
-	if e := c.inodes[ino]; e != nil {
-		e.attr = nil
-	}
 }
 
 // SetEntry caches parent/name → child (0: known not to exist) under the
@@ -405,14 +387,6 @@ func (c *Cache) Listing(dir ids.Ino) ([]wire.DirEntry, bool) {
 	wire.SortByName(out)
 	c.hits++
 	return out, true
-}
-
-// InvalidateDir forgets a directory's cached entries and attributes.
-func (c *Cache) InvalidateDir(dir ids.Ino) {
-	if e := c.inodes[dir]; e != nil {
-		c.dropNames(e)
-		e.attr = nil
-	}
 }
 
 // MarkComplete records that the client knows every entry of dir: it has

@@ -15,7 +15,7 @@ func shared(ino ids.Ino, seq uint64) []wire.Grant {
 
 // reply applies one read reply the way the client does.
 func (c *Cache) reply(grants []wire.Grant, ino ids.Ino, off uint64, data []byte, eof bool, version, gen uint64) {
-	c.ApplyReply(grants, func() { c.PutData(ino, off, data, eof, version, gen) })
+	c.ApplyReply(grants, c.Gen(), func() { c.PutData(ino, off, data, eof, version, gen) })
 }
 
 func filled(b byte) []byte { return bytes.Repeat([]byte{b}, PageSize) }
@@ -73,7 +73,7 @@ func TestReplyUnderVoidedGrant(t *testing.T) {
 	if _, ok := readData(c, 5, 0, 1); ok {
 		t.Fatal("data read under a revoked grant was cached")
 	}
-	c.ApplyReply(shared(5, 1), func() { c.SetAttr(&wire.Attr{Ino: 5, Size: 1}) })
+	c.ApplyReply(shared(5, 1), c.Gen(), func() { c.SetAttr(&wire.Attr{Ino: 5, Size: 1}) })
 	if _, ok := c.Attr(5); ok {
 		t.Fatal("attributes read under a revoked grant were cached")
 	}

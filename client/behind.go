@@ -345,7 +345,7 @@ func (c *Client) removeBehind(parent ids.Ino, name string, child *wire.Attr, op 
 	}
 	c.behind.start(parent, child.Ino, name)
 	c.Counters.RemovedBehind.Add(1)
-	if a, cached := c.cache.Attr(parent); cached {
+	c.cache.Predict(parent, func(a *wire.Attr) {
 		// the times the server will give it, near enough; its next
 		// reply about the directory corrects them
 		t := time.Now().UnixNano()
@@ -353,10 +353,10 @@ func (c *Client) removeBehind(parent ids.Ino, name string, child *wire.Attr, op 
 		if isDir {
 			a.Nlink--
 		}
-		c.cache.SetAttr(a)
-	}
+	})
 	c.cache.SetEntry(parent, name, 0)
 	c.cache.InvalidateDir(child.Ino) // its link count changed; a directory is gone
+	c.cache.Predict(child.Ino, nil)
 	c.mu.Unlock()
 	c.behind.queue(parent, &wire.Request{Op: op, Parent: parent, Name: name, Ino: child.Ino, Flags: wire.RemoveIfIno}, false)
 	return true
@@ -384,6 +384,14 @@ func (c *Client) sendBehind(dir ids.Ino) {
 
 // behindSent ends the changes sent behind the caller, reqs, which met errs.
 func (c *Client) behindSent(dir ids.Ino, reqs []*wire.Request, errs []error) {
+	c.mu.Lock()
+	for _, req := range reqs {
+		c.cache.Predicted(dir)
+		if req.Op != wire.OpCreate {
+			c.cache.Predicted(req.Ino) // the removed inode's link count
+		}
+	}
+	c.mu.Unlock()
 	for i, req := range reqs {
 		switch err := errs[i]; {
 		case err == nil:

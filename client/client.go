@@ -359,6 +359,7 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 		c.seq++
 		h := transport.Header{Client: c.id, Session: cn.session.ID, Seq: c.seq}
 		sent := c.clk.Now()
+		sentGen := c.cache.Gen()
 		if cn.lease != nil {
 			cn.lease.Sent(sent, req.Op == wire.OpRenew)
 		}
@@ -405,7 +406,7 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 			if len(rep.Grants) > 0 {
 				cn.holds = true
 			}
-			c.cache.ApplyReply(rep.Grants, func() {
+			c.cache.ApplyReply(rep.Grants, sentGen, func() {
 				if rep.Attr != nil {
 					c.cache.SetAttr(rep.Attr)
 				}

@@ -140,8 +140,7 @@ func (c *Client) createBehind(parent ids.Ino, name string, mode, uid, gid uint32
 	if dir.Mode&syscall.S_ISGID != 0 {
 		a.Gid = dir.Gid // BSD group semantics of setgid directories
 	}
-	dir.Mtime, dir.Ctime = t, t
-	c.cache.SetAttr(dir)
+	c.cache.Predict(parent, func(dir *wire.Attr) { dir.Mtime, dir.Ctime = t, t })
 	// The X lock is the client's from here; the server grants it (with a
 	// sequence number) in the create's reply.
 	c.cache.Granted(wire.Grant{Ino: ino, Mode: wire.LockExclusive})

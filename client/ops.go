@@ -19,7 +19,31 @@ func (c *Client) attrCall(ctx context.Context, req *wire.Request) (*wire.Attr, e
 	if rep.Attr == nil {
 		return nil, wire.Errf(wire.CodeIO, "%v reply without attributes", req.Op)
 	}
-	return rep.Attr, nil
+	return c.newest(rep.Attr), nil
+}
+
+// newest is what the kernel gets of attributes a reply carried: the
+// cache's if newer (cache.Newest), with this mount's buffered changes.
+func (c *Client) newest(a *wire.Attr) *wire.Attr {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cache.Newest(a)
+}
+
+// unsent reports whether ino has changes of this mount that the server
+// may not have and that no cached attributes account for: sent behind the
+// caller and not yet there, or buffered while a recovery dropped the
+// cache.
+func (c *Client) unsent(ino ids.Ino) bool {
+	if c.behind.busy(ino) {
+		return true
+	}
+	if c.wb.file(ino, false) == nil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cache.LocalFields(ino) == 0
 }
 
 // Lookup finds name in parent, from the cache when locks cover the entry
@@ -31,22 +55,35 @@ func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (*wire
 		}
 		return attr, nil
 	}
-	rep, err := c.call(ctx, &wire.Request{Op: wire.OpLookup, Parent: parent, Name: name},
-		func(ch *cache.Cache, rep *wire.Reply) {
-			switch {
-			case rep.Code == wire.CodeOK && rep.Attr != nil:
-				ch.SetEntry(parent, name, rep.Attr.Ino)
-			case rep.Code == wire.CodeNotFound:
-				ch.SetEntry(parent, name, 0)
+	for attempt := 0; ; attempt++ {
+		rep, err := c.call(ctx, &wire.Request{Op: wire.OpLookup, Parent: parent, Name: name},
+			func(ch *cache.Cache, rep *wire.Reply) {
+				switch {
+				case rep.Code == wire.CodeOK && rep.Attr != nil:
+					ch.SetEntry(parent, name, rep.Attr.Ino)
+				case rep.Code == wire.CodeNotFound:
+					ch.SetEntry(parent, name, 0)
+				}
+			})
+		if err != nil {
+			return nil, err
+		}
+		if rep.Attr == nil {
+			return nil, wire.Errf(wire.CodeIO, "lookup reply without attributes")
+		}
+		// The name does not say which inode it is, so the request
+		// could not wait for that inode's changes sent behind (removals
+		// in a directory, one link of a file) as a request naming it
+		// does: what the server said may lack them. Send them, ask again.
+		if ino := rep.Attr.Ino; attempt < 2 && c.unsent(ino) {
+			c.behind.wait(ino)
+			if err := c.Flush(ctx, ino); err != nil {
+				return nil, err
 			}
-		})
-	if err != nil {
-		return nil, err
+			continue
+		}
+		return c.newest(rep.Attr), nil
 	}
-	if rep.Attr == nil {
-		return nil, wire.Errf(wire.CodeIO, "lookup reply without attributes")
-	}
-	return rep.Attr, nil
 }
 
 // lookupCached is Lookup from the cache only; ok is false if the cache
@@ -220,15 +257,16 @@ func (c *Client) Link(ctx context.Context, ino, newParent ids.Ino, name string) 
 				entryChanged(ch, newParent, name, ino, rep.Attr2)
 			}
 		})
-	c.forget(ino)
 	if err != nil {
-		c.forget(newParent)
+		c.forget(ino, newParent)
 		return nil, err
 	}
 	if rep.Attr == nil {
+		c.forget(ino)
 		return nil, wire.Errf(wire.CodeIO, "link reply without attributes")
 	}
-	return rep.Attr, nil
+	// the file's attributes after the link, cached with the reply's grant
+	return c.newest(rep.Attr), nil
 }
 
 // Unlink removes a non-directory entry.

@@ -191,10 +191,12 @@ func (f *dirtyFile) size() int {
 
 // bufferChange records a change of ino in its dirty file if the client
 // may keep it (an X lock, a valid lease, cached attributes): change gets
-// the file and the cached attributes to update, which are then cached and
+// the file and the cached attributes to update, whose fields (wire.Set*
+// bits; SetSize for writes) the cache then gives over what replies say
+// until the change is at the server (cache.SetLocal, retire); they are
 // returned. Lock order: the file's mu, then c.mu (Flush holds the file's
 // mu while it calls).
-func (c *Client) bufferChange(ino ids.Ino, change func(f *dirtyFile, attr *wire.Attr)) (*wire.Attr, bool) {
+func (c *Client) bufferChange(ino ids.Ino, fields uint32, change func(f *dirtyFile, attr *wire.Attr)) (*wire.Attr, bool) {
 	f := c.wb.lockFile(ino)
 	defer f.mu.Unlock()
 	c.mu.Lock()
@@ -215,13 +217,30 @@ func (c *Client) bufferChange(ino ids.Ino, change func(f *dirtyFile, attr *wire.
 		f.gen = c.cacheGen
 	}
 	change(f, attr)
-	c.cache.SetAttr(attr)
+	c.cache.SetLocal(attr, fields)
 	return attr, true
+}
+
+// retire forgets f, ino's dirty file, which its caller holds locked, once
+// its changes are at the server (or lost), and the cache its buffered
+// attributes if f is still ino's: a flush that waited for f while another
+// sent it finds it retired, and a change buffered since (in a new dirty
+// file) keeps its attributes. While f.mu is held, f stays ino's if it is.
+func (c *Client) retire(ino ids.Ino, f *dirtyFile) {
+	c.wb.mu.Lock()
+	current := c.wb.files[ino] == f
+	c.wb.mu.Unlock()
+	if current {
+		c.mu.Lock()
+		c.cache.LocalDone(ino)
+		c.mu.Unlock()
+	}
+	c.wb.retire(ino, f)
 }
 
 // buffer records a write if the client may keep it.
 func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
-	_, ok := c.bufferChange(ino, func(f *dirtyFile, attr *wire.Attr) {
+	_, ok := c.bufferChange(ino, wire.SetSize|wire.SetMtime|wire.SetCtime, func(f *dirtyFile, attr *wire.Attr) {
 		if f.attrs != nil {
 			// the write sets the times when it reaches the server, after a
 			// buffered utimes would: the times the write gives win
@@ -242,7 +261,7 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 // if the client may keep it, the way the server would make it, and
 // returns the attributes it gives.
 func (c *Client) bufferAttr(req *wire.Request) (*wire.Attr, bool) {
-	return c.bufferChange(req.Ino, func(f *dirtyFile, attr *wire.Attr) {
+	return c.bufferChange(req.Ino, req.Valid|wire.SetCtime, func(f *dirtyFile, attr *wire.Attr) {
 		if f.attrs == nil {
 			f.attrs = &wire.Request{Op: wire.OpSetAttr, Ino: req.Ino}
 		}
@@ -326,7 +345,7 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 		// answers it instead of refusing the version it moved on.
 		c.reclaimFile(ctx, ino, f, reqs)
 	}
-	c.wb.retire(ino, f)
+	c.retire(ino, f)
 	return nil
 }
 
@@ -376,7 +395,7 @@ func (c *Client) flushWithCreate(ctx context.Context, ino ids.Ino, f *dirtyFile)
 	default:
 		return true, err
 	}
-	c.wb.retire(ino, f)
+	c.retire(ino, f)
 	return true, nil
 }
 
@@ -808,7 +827,7 @@ func (c *Client) reclaim(ctx context.Context) {
 	c.wb.mu.Unlock()
 	reclaim := func(ctx context.Context, ino ids.Ino, f *dirtyFile) {
 		c.reclaimFile(ctx, ino, f, nil)
-		c.wb.retire(ino, f)
+		c.retire(ino, f)
 		f.mu.Unlock()
 	}
 	for ino, f := range files {

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/leasefs/leasefs/cache"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -176,5 +177,34 @@ func BenchmarkDirtyFileRandom(b *testing.B) {
 		}
 		releaseWrites(packWrites(1, f.extents()))
 		f.free()
+	}
+}
+
+// TestRetireKeepsNewerChanges: a flush that waited for a dirty file while
+// another flush sent it finds it retired; retiring it again must not drop
+// the buffered attributes of the file's next dirty file (a chmod made
+// since), which the cache gives over replies until they are sent.
+func TestRetireKeepsNewerChanges(t *testing.T) {
+	const ino = 5
+	c := &Client{cache: cache.New(10)}
+	c.cache.Granted(wire.Grant{Ino: ino, Mode: wire.LockExclusive, Seq: 1})
+	c.cache.SetAttr(&wire.Attr{Ino: ino, Mode: 0o100644, Change: 1})
+	first := c.wb.lockFile(ino) // a flush sends it...
+	c.retire(ino, first)
+	first.mu.Unlock()
+	next := c.wb.lockFile(ino) // ...and a chmod is buffered since
+	c.cache.SetLocal(&wire.Attr{Ino: ino, Mode: 0o600}, wire.SetMode)
+	next.mu.Unlock()
+	first.mu.Lock() // the flush that waited for the first
+	c.retire(ino, first)
+	first.mu.Unlock()
+	if a, _ := c.cache.Attr(ino); a == nil || a.Mode&0o777 != 0o600 {
+		t.Fatalf("the chmod buffered after the first flush is gone from the cache: %+v", a)
+	}
+	next.mu.Lock()
+	c.retire(ino, next) // its own flush
+	next.mu.Unlock()
+	if c.cache.LocalFields(ino) != 0 {
+		t.Fatal("buffered attributes kept after their flush")
 	}
 }

@@ -108,6 +108,10 @@ type Attr struct {
 	Blocks              uint64 // 512-byte blocks, from Size (holes are not tracked)
 	Atime, Mtime, Ctime int64  // unix nanoseconds (file times are wall-clock by nature)
 	Version             uint64 // incremented on every data or size change (reclaim compares it)
+	// Change is incremented each time the attribute record is written:
+	// a client caching attributes keeps the newest by it, whatever order
+	// the replies arrive in.
+	Change uint64
 }
 
 // IsDir reports whether the inode is a directory.
@@ -630,8 +634,14 @@ type inode struct {
 	deleted    bool
 }
 
-const inodeFormat = 1
-const inodeSize = 1 + 5*4 + 5*8 + 2*8
+// The attribute record's formats: 1 had no Change (read as 0, written as
+// 2 at the inode's next change).
+const (
+	inodeFormat   = 2
+	inodeSize     = 1 + 5*4 + 5*8 + 2*8 + 8
+	inodeSizeOld  = inodeSize - 8
+	inodeFormatV1 = 1
+)
 
 func (in *inode) encode(b []byte) []byte {
 	b = append(b, inodeFormat)
@@ -647,11 +657,12 @@ func (in *inode) encode(b []byte) []byte {
 	b = binary.BigEndian.AppendUint64(b, in.Version)
 	b = binary.BigEndian.AppendUint64(b, uint64(in.parent))
 	b = binary.BigEndian.AppendUint64(b, in.nextCookie)
+	b = binary.BigEndian.AppendUint64(b, in.Change)
 	return b
 }
 
 func (in *inode) decode(ino ids.Ino, v []byte) error {
-	if len(v) != inodeSize || v[0] != inodeFormat {
+	if !(len(v) == inodeSize && v[0] == inodeFormat || len(v) == inodeSizeOld && v[0] == inodeFormatV1) {
 		return wire.Errf(wire.CodeIO, "corrupt attribute record of %v (%d bytes)", ino, len(v))
 	}
 	v = v[1:]
@@ -664,6 +675,10 @@ func (in *inode) decode(ino ids.Ino, v []byte) error {
 	in.Version = u64()
 	in.parent = ids.Ino(u64())
 	in.nextCookie = u64()
+	in.Change = 0
+	if len(v) >= 8 {
+		in.Change = u64()
+	}
 	in.Blocks = (in.Size + 511) / 512
 	return nil
 }
@@ -720,12 +735,20 @@ func (tx *Tx) dir(ino ids.Ino) (*inode, error) {
 
 // addInode adds a new inode to the transaction (written at flush).
 func (tx *Tx) addInode(in *inode) {
-	in.dirty = true
-	in.Blocks = (in.Size + 511) / 512
+	in.touch()
 	tx.inodes = append(tx.inodes, in)
 }
 
-func (in *inode) touch() { in.dirty = true; in.Blocks = (in.Size + 511) / 512 }
+// touch marks in changed by the transaction, to be written at flush: its
+// Change counts the transaction once, and what the operation returns of
+// its attributes (after touch) carries the new count.
+func (in *inode) touch() {
+	if !in.dirty {
+		in.dirty = true
+		in.Change++
+	}
+	in.Blocks = (in.Size + 511) / 512
+}
 
 // flush writes the inodes the operation changed or deleted.
 func (tx *Tx) flush() error {

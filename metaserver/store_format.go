@@ -8,10 +8,13 @@ import (
 
 // The store's format, kept in its 'F' record. A store without one was
 // written before formats existed (format 1: file data in 64 KiB chunks
-// under 'K'); OpenStore converts it in place. A store of a newer format is
-// refused: its records would be misread.
+// under 'K'); OpenStore converts it in place. Format 2 stored file data in
+// pages as 3 does; 3 added the change count to attribute records, whose
+// older records are read as they are (inodeFormatV1) and rewritten at
+// their inode's next change. A store of a newer format is refused: its
+// records would be misread.
 const (
-	storeFormat = 2 // file data in PageSize pages under 'P'
+	storeFormat = 3 // file data in PageSize pages under 'P'; attribute records with a change count
 
 	recLegacyChunk  = 'K'
 	legacyChunkSize = 64 << 10
@@ -43,6 +46,9 @@ func (s *Store) upgradeFormat() error {
 		return nil
 	case found && format > storeFormat:
 		return fmt.Errorf("store format %d is newer than this leasefs reads (%d): run the leasefs that wrote it, or a newer one", format, storeFormat)
+	case found && format == 2:
+		// nothing to convert: its attribute records are read as they are
+		return s.kv.update(func(t kvTxn) error { return t.set(formatKey, []byte{storeFormat}) })
 	case found:
 		return fmt.Errorf("unknown store format %d", format)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/dgraph-io/badger/v4"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
 )
 
 // legacyStore turns s into a store as a leasefs before formats wrote it:
@@ -129,5 +130,46 @@ func TestStoreFormatNewer(t *testing.T) {
 	defer s.Close()
 	if got := must[[]byte](t)(s.Read(f.Ino, 0, 10)); string(got) != "kept" {
 		t.Fatalf("read %q after a refused open", got)
+	}
+}
+
+// TestStoreFormat2: a store of format 2, whose attribute records have no
+// change count, opens as format 3 without converting them: they read with
+// Change 0 and take the new form at their inode's next change.
+func TestStoreFormat2(t *testing.T) {
+	dir := t.TempDir()
+	s := openTestStore(t, dir, StoreOptions{})
+	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o600, 0, 0, 0, 1))
+	err := s.kv.update(func(tx kvTxn) error {
+		in := inode{Attr: f}
+		v := in.encode(nil)
+		v = v[:len(v)-8] // as format 2 wrote it
+		v[0] = inodeFormatV1
+		if err := tx.set(binary.BigEndian.AppendUint64([]byte{recAttr}, uint64(f.Ino)), v); err != nil {
+			return err
+		}
+		return tx.set(formatKey, []byte{2})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s = openTestStore(t, dir, StoreOptions{})
+	defer s.Close()
+	if a := must[Attr](t)(s.GetAttr(f.Ino)); a.Change != 0 || a.Mode != reg|0o600 {
+		t.Fatalf("a format 2 record read as %+v", a)
+	}
+	if a := must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetMode, Mode: 0o640}, 2)); a.Change != 1 {
+		t.Fatalf("first change of a format 2 record: Change %d, want 1", a.Change)
+	}
+	var format []byte
+	err = s.kv.view(func(tx kvTxn) error {
+		_, err := tx.get(formatKey, func(v []byte) error { format = bytes.Clone(v); return nil })
+		return err
+	})
+	if err != nil || !bytes.Equal(format, []byte{storeFormat}) {
+		t.Fatalf("format record %v %v, want %d", format, err, storeFormat)
 	}
 }

@@ -1298,3 +1298,57 @@ func TestStoreCreateAs(t *testing.T) {
 	}
 	must[Attr](t)(s.CreateAs(first+2, ids.RootIno, "h", 0o600, 0, 0, 5))
 }
+
+// TestStoreAttrChange: every change of an inode's attribute record counts
+// once in its Change, which the attributes an operation returns carry; a
+// read counts nothing. Clients order replies by it.
+func TestStoreAttrChange(t *testing.T) {
+	s := newStore(t)
+	change := func(ino ids.Ino) uint64 { return must[Attr](t)(s.GetAttr(ino)).Change }
+	root := change(ids.RootIno)
+	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
+	if f.Change != 1 || change(f.Ino) != 1 {
+		t.Fatalf("new file: Change %d, stored %d, want 1", f.Change, change(f.Ino))
+	}
+	if got := change(ids.RootIno); got != root+1 {
+		t.Fatalf("a create in the root (entry, times): Change %d -> %d, want one more", root, got)
+	}
+	steps := []struct {
+		name string
+		do   func() (Attr, error)
+	}{
+		{"chmod", func() (Attr, error) { return s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetMode, Mode: 0o600}, 2) }},
+		{"write", func() (Attr, error) { return s.Write(f.Ino, 0, []byte("x"), 3) }},
+		{"link", func() (Attr, error) { return s.Link(f.Ino, ids.RootIno, "g", 4) }},
+		{"truncate", func() (Attr, error) { return s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize}, 5) }},
+	}
+	want := f.Change
+	for _, st := range steps {
+		a := must[Attr](t)(st.do())
+		want++
+		if a.Change != want || change(f.Ino) != want {
+			t.Fatalf("%s: returned Change %d, stored %d, want %d", st.name, a.Change, change(f.Ino), want)
+		}
+	}
+	must[[]byte](t)(s.Read(f.Ino, 0, 10))
+	root = change(ids.RootIno)
+	must[*Attr](t)(s.Rename(ids.RootIno, "g", ids.RootIno, "h", 0, 6))
+	if change(f.Ino) != want+1 || change(ids.RootIno) != root+1 {
+		t.Fatalf("rename in one directory: file %d, want %d; directory %d, want %d",
+			change(f.Ino), want+1, change(ids.RootIno), root+1)
+	}
+
+	// a record written before Change existed reads as 0
+	in := inode{Attr: Attr{Ino: 9, Mode: reg | 0o644, Nlink: 1, Size: 3, Version: 2, Change: 5}, nextCookie: 4}
+	v1 := in.encode(nil)
+	v1 = v1[:len(v1)-8]
+	v1[0] = inodeFormatV1
+	var old inode
+	must[struct{}](t)(struct{}{}, old.decode(9, v1))
+	if old.Change != 0 || old.Size != 3 || old.Version != 2 || old.nextCookie != 4 {
+		t.Fatalf("format 1 record read as %+v", old)
+	}
+	if err := old.decode(9, append(v1, 0)); err == nil {
+		t.Fatal("a record of neither format's size read")
+	}
+}

@@ -192,11 +192,13 @@ type Attr struct {
 	Mode, Nlink         uint32
 	Uid, Gid, Rdev      uint32
 	Size, Blocks        uint64
-	Atime, Mtime, Ctime int64 // unix nanoseconds
-	Version             uint64
+	Atime, Mtime, Ctime int64  // unix nanoseconds
+	Version             uint64 // the file data's version (Request.Version)
+	// Change counts the changes of the inode's attributes at the server:
+	// of two replies about the inode, the one with the greater Change
+	// holds the newer attributes (wire version 4).
+	Change uint64
 }
-
-const attrSize = 8 + 4*5 + 8*2 + 8*3 + 8
 
 func (e *enc) attr(a *Attr) {
 	e.u64(uint64(a.Ino))
@@ -211,6 +213,7 @@ func (e *enc) attr(a *Attr) {
 	e.i64(a.Mtime)
 	e.i64(a.Ctime)
 	e.u64(a.Version)
+	e.u64(a.Change)
 }
 
 func (d *dec) attr(a *Attr) {
@@ -226,6 +229,7 @@ func (d *dec) attr(a *Attr) {
 	a.Mtime = d.i64()
 	a.Ctime = d.i64()
 	a.Version = d.u64()
+	a.Change = d.u64()
 }
 
 // DirEntry is one directory entry; Off is the cookie to continue after it.
