@@ -1,8 +1,9 @@
-// Package cache is a mount's cache of attributes and directory entries,
-// each valid only under a data lock the server granted (DESIGN.md "Data
-// locks"). It is pure bookkeeping: the client checks its lease before
-// trusting anything here, and applies grants and revocations in the order
-// their sequence numbers say, whatever order the network delivered them in.
+// Package cache is a mount's cache of attributes, extended attributes,
+// directory entries and file data, each valid only under a data lock the
+// server granted (DESIGN.md "Data locks"). It is pure bookkeeping: the
+// client checks its lease before trusting anything here, and applies
+// grants and revocations in the order their sequence numbers say, whatever
+// order the network delivered them in.
 //
 // Not safe for concurrent use; the client serialises calls.
 package cache
@@ -29,8 +30,9 @@ type entry struct {
 	attr    *wire.Attr
 	change  uint64
 	local   *localAttr
-	pending int                // changes sent behind whose effect Predict made (attr.go)
-	touched uint64             // Cache.gen at this mount's last change outside a reply (attr.go)
+	pending int    // changes sent behind whose effect Predict made (attr.go)
+	touched uint64 // Cache.gen at this mount's last change outside a reply (attr.go)
+	xattrs  *xattrs
 	names   map[string]ids.Ino // directory entries; 0 caches "does not exist"
 	// complete: names holds every entry of the directory (the client made
 	// it, under its lock), so a name not in names does not exist.
@@ -45,9 +47,6 @@ type entry struct {
 	// must not be served.
 	dataVersion, seenVersion uint64
 	changing                 int // changes of the data in flight (BeginChange)
-	// noXattrs: the inode has no extended attributes (the client created
-	// it under its lock and has set none since).
-	noXattrs bool
 	// opens counts handles opened without the server (OpenLocally);
 	// removing counts removals of the file this client has in flight,
 	// during which it opens nothing locally.
@@ -72,9 +71,13 @@ type Cache struct {
 	covered map[ids.Ino]bool
 	inReply bool
 	sent    uint64
-	// gen counts this mount's changes of attributes made outside
-	// replies (entry.touched).
+	// gen counts this mount's changes of attributes and extended
+	// attributes made outside replies (entry.touched).
 	gen uint64
+
+	// xattrBytes counts the cached extended attributes' names and
+	// values, at most maxXattrBytes (xattr.go).
+	xattrBytes, maxXattrBytes int
 
 	lru       list.List     // cached file pages, most recently used first
 	pool      *pagemem.Pool // memory of whole pages, made on first use
@@ -85,7 +88,7 @@ type Cache struct {
 
 // New returns a cache holding at most maxInodes locked inodes.
 func New(maxInodes int) *Cache {
-	return &Cache{inodes: map[ids.Ino]*entry{}, max: maxInodes, maxNames: 500_000}
+	return &Cache{inodes: map[ids.Ino]*entry{}, max: maxInodes, maxNames: 500_000, maxXattrBytes: maxXattrBytes}
 }
 
 // setMode changes e's lock mode, keeping the count of locked entries;
@@ -93,7 +96,7 @@ func New(maxInodes int) *Cache {
 func (c *Cache) setMode(e *entry, m wire.LockMode) {
 	if m == wire.LockNone && e.mode != wire.LockNone {
 		c.dropPages(e)
-		e.noXattrs = false
+		c.dropXattrs(e)
 	}
 	if (e.mode != wire.LockNone) != (m != wire.LockNone) {
 		if m != wire.LockNone {
@@ -175,6 +178,7 @@ func (c *Cache) evictIfFull(keep ids.Ino) {
 			}
 			c.setMode(e, wire.LockNone)
 			c.dropNames(e)
+			c.dropXattrs(e)
 			delete(c.inodes, ino)
 			break
 		}
@@ -288,29 +292,6 @@ func (c *Cache) Mode(ino ids.Ino) (wire.LockMode, uint64) {
 	return wire.LockNone, 0
 }
 
-// SetNoXattrs records, under the lock this reply granted, that ino has
-// no extended attributes (the client just created it).
-func (c *Cache) SetNoXattrs(ino ids.Ino) {
-	if e := c.inodes[ino]; c.mayCache(e, ino) {
-		e.noXattrs = true
-	}
-}
-
-// ClearNoXattrs forgets that ino has no extended attributes (the client
-// is setting one).
-func (c *Cache) ClearNoXattrs(ino ids.Ino) {
-	if e := c.inodes[ino]; e != nil {
-		e.noXattrs = false
-	}
-}
-
-// NoXattrs reports whether ino is known, under a lock, to have no
-// extended attributes.
-func (c *Cache) NoXattrs(ino ids.Ino) bool {
-	e := c.inodes[ino]
-	return e != nil && e.mode != wire.LockNone && e.noXattrs
-}
-
 // SetEntry caches parent/name → child (0: known not to exist) under the
 // parent's lock.
 func (c *Cache) SetEntry(parent ids.Ino, name string, child ids.Ino) {
@@ -416,6 +397,7 @@ func (c *Cache) DropAll() []ids.Ino {
 	c.dataGen++
 	c.locked = 0
 	c.names = 0
+	c.xattrBytes = 0
 	c.evicted = nil
 	return out
 }

@@ -212,6 +212,9 @@ func (c *Client) SetAttr(ctx context.Context, req *wire.Request) (*wire.Attr, er
 	if req.Valid&wire.SetSize != 0 {
 		defer c.changingData(req.Ino)()
 	}
+	if req.Valid&wire.SetMode != 0 {
+		defer c.withCache(func(ch *cache.Cache) { ch.ModeChanged(req.Ino) }) // an access ACL follows the mode
+	}
 	return c.attrCall(ctx, req)
 }
 
@@ -534,40 +537,99 @@ func (c *Client) StatFs(ctx context.Context) (*wire.StatFs, error) {
 	return rep.StatFs, nil
 }
 
-// GetXattr returns an extended attribute's value.
+// GetXattr returns an extended attribute's value, from the cache under a
+// lock (its absence too: the kernel asks for security.selinux and
+// system.posix_acl_access at every ls -l).
 func (c *Client) GetXattr(ctx context.Context, ino ids.Ino, name string) ([]byte, error) {
-	if c.cached(func(ch *cache.Cache) bool { return ch.NoXattrs(ino) }) {
-		return nil, wire.Err(wire.CodeNoData)
+	var v []byte
+	if c.cached(func(ch *cache.Cache) (ok bool) {
+		v, ok = ch.Xattr(ino, name)
+		return ok
+	}) {
+		if v == nil {
+			return nil, wire.Err(wire.CodeNoData)
+		}
+		return v, nil
 	}
-	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpGetXattr, Ino: ino, Name: name})
+	if name == cache.ACLAccess {
+		// the server's access ACL follows the mode: a chmod this mount
+		// holds back goes first
+		if err := c.flushMode(ctx, ino); err != nil {
+			return nil, err
+		}
+	}
+	rep, err := c.call(ctx, &wire.Request{Op: wire.OpGetXattr, Ino: ino, Name: name}, func(ch *cache.Cache, rep *wire.Reply) {
+		switch rep.Code {
+		case wire.CodeOK:
+			ch.SetXattr(ino, name, rep.Data)
+		case wire.CodeNoData:
+			ch.SetXattr(ino, name, nil)
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
 	return rep.Data, nil
 }
 
-// SetXattr sets an extended attribute.
+// flushMode sends ino's buffered mode change, if any.
+func (c *Client) flushMode(ctx context.Context, ino ids.Ino) error {
+	var buffered bool
+	c.withCache(func(ch *cache.Cache) { buffered = ch.LocalFields(ino)&wire.SetMode != 0 })
+	if !buffered {
+		return nil
+	}
+	return c.Flush(ctx, ino)
+}
+
+// SetXattr sets an extended attribute, after this mount's buffered changes
+// of the inode (the server applies them in the order they were made).
 func (c *Client) SetXattr(ctx context.Context, ino ids.Ino, name string, value []byte, flags uint32) error {
-	c.withCache(func(ch *cache.Cache) { ch.ClearNoXattrs(ino) })
-	defer c.forget(ino)
+	if err := c.Flush(ctx, ino); err != nil {
+		return err
+	}
+	defer c.xattrChanged(ino)
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpSetXattr, Ino: ino, Name: name, Data: value, Flags: flags})
 	return err
 }
 
-// ListXattr lists extended attribute names.
+// xattrChanged drops ino's cached extended attributes and attributes
+// after this mount changed one (with POSIX ACLs, the mode may follow),
+// whatever the outcome.
+func (c *Client) xattrChanged(ino ids.Ino) {
+	c.withCache(func(ch *cache.Cache) {
+		ch.DropXattrs(ino)
+		ch.InvalidateAttr(ino)
+	})
+}
+
+// ListXattr lists extended attribute names, from the cache under a lock.
 func (c *Client) ListXattr(ctx context.Context, ino ids.Ino) ([]string, error) {
-	if c.cached(func(ch *cache.Cache) bool { return ch.NoXattrs(ino) }) {
-		return nil, nil
+	var names []string
+	if c.cached(func(ch *cache.Cache) (ok bool) {
+		names, ok = ch.XattrNames(ino)
+		return ok
+	}) {
+		return names, nil
 	}
-	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpListXattr, Ino: ino})
+	rep, err := c.call(ctx, &wire.Request{Op: wire.OpListXattr, Ino: ino}, func(ch *cache.Cache, rep *wire.Reply) {
+		if rep.Code == wire.CodeOK {
+			ch.SetXattrNames(ino, rep.Names)
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
 	return rep.Names, nil
 }
 
-// RemoveXattr removes an extended attribute.
+// RemoveXattr removes an extended attribute, after this mount's buffered
+// changes of the inode.
 func (c *Client) RemoveXattr(ctx context.Context, ino ids.Ino, name string) error {
+	if err := c.Flush(ctx, ino); err != nil {
+		return err
+	}
+	defer c.xattrChanged(ino)
 	_, err := c.Call(ctx, &wire.Request{Op: wire.OpRemoveXattr, Ino: ino, Name: name})
 	return err
 }

@@ -218,6 +218,11 @@ func (c *Client) bufferChange(ino ids.Ino, fields uint32, change func(f *dirtyFi
 	}
 	change(f, attr)
 	c.cache.SetLocal(attr, fields)
+	if fields&wire.SetMode != 0 {
+		// an access ACL follows the mode: asked again, after this change
+		// reached the server (GetXattr)
+		c.cache.ModeChanged(ino)
+	}
 	return attr, true
 }
 

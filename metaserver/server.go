@@ -380,11 +380,12 @@ func peerOf(tr *transport.Request) string {
 }
 
 // account counts a failed request, and logs it if the server, not the
-// application, is to blame.
+// application, is to blame. An answer a request is asked in order to get
+// (normalAnswer) is no failure.
 func (s *Server) account(sess *session, req *wire.Request, rep *wire.Reply) {
-	switch rep.Code {
-	case wire.CodeOK, wire.CodeRedirect:
-	case wire.CodeIO, wire.CodeAgain, wire.CodeUnavailable:
+	switch {
+	case normalAnswer(req, rep.Code):
+	case rep.Code == wire.CodeIO, rep.Code == wire.CodeAgain, rep.Code == wire.CodeUnavailable:
 		// the server's trouble, not the application's: say what happened
 		s.counters.Errors.Add(1)
 		s.log.Warn("request failed", "client", sess.client, "op", req.Op, "ino", req.Ino, "parent", req.Parent,
@@ -392,6 +393,28 @@ func (s *Server) account(sess *session, req *wire.Request, rep *wire.Reply) {
 	default:
 		s.counters.Errors.Add(1)
 	}
+}
+
+// normalAnswer reports whether code answers r as the application asked:
+// success, or what it probes for. A lookup of a name that does not exist
+// (every shell's PATH search, every make), an extended attribute that is
+// not set (ls -l asks for two of every file), a create of a name that
+// exists (mkdir -p, O_EXCL lock files), a POSIX lock held by another
+// (F_SETLK, flock -n) or a wait for one interrupted.
+func normalAnswer(r *wire.Request, code wire.Code) bool {
+	switch code {
+	case wire.CodeOK, wire.CodeRedirect:
+		return true
+	case wire.CodeNotFound:
+		return r.Op == wire.OpLookup
+	case wire.CodeNoData:
+		return r.Op == wire.OpGetXattr
+	case wire.CodeExists:
+		return r.Op == wire.OpCreate || r.Op == wire.OpMkdir || r.Op == wire.OpSymlink || r.Op == wire.OpLink
+	case wire.CodeAgain, wire.CodeInterrupted:
+		return r.Op == wire.OpPosixLock
+	}
+	return false
 }
 
 // batch executes the changes of a wire.OpBatch in order. A change answered
@@ -591,7 +614,7 @@ func (s *Server) removed(a *Attr) {
 
 func toWire(a Attr) *wire.Attr {
 	return &wire.Attr{Ino: a.Ino, Mode: a.Mode, Nlink: a.Nlink, Uid: a.Uid, Gid: a.Gid, Rdev: a.Rdev,
-		Size: a.Size, Blocks: a.Blocks, Atime: a.Atime, Mtime: a.Mtime, Ctime: a.Ctime, Version: a.Version}
+		Size: a.Size, Blocks: a.Blocks, Atime: a.Atime, Mtime: a.Mtime, Ctime: a.Ctime, Version: a.Version, Change: a.Change}
 }
 
 func attrReply(a Attr, err error) *wire.Reply {
