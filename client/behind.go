@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"syscall"
 	"time"
@@ -395,6 +396,11 @@ func (c *Client) behindSent(dir ids.Ino, reqs []*wire.Request, errs []error) {
 	for i, req := range reqs {
 		switch err := errs[i]; {
 		case err == nil:
+		case errors.Is(err, ErrClosed):
+			// the mount stopped before a server took it
+			c.log.Error("DATA LOST: a "+req.Op.String()+" sent behind the caller did not reach the server before the mount stopped",
+				"path", c.PathOf(dir), "name", req.Name, "ino", req.Ino)
+			c.Counters.DataLost.Add(1)
 		case req.Op == wire.OpCreate:
 			// (it should not, under the lock): what the caller
 			// writes to it fails to reach the server and is

@@ -125,6 +125,12 @@ type Client struct {
 	recoverMu sync.Mutex // one recovery at a time
 	stop      chan struct{}
 	wg        sync.WaitGroup
+	// life ends when Shutdown gives up on the servers (abort): every
+	// request still waiting for one fails then (send).
+	life  context.Context
+	abort context.CancelFunc
+	// statfs is the last usage a server reported (StatFs).
+	statfs atomic.Pointer[wire.StatFs]
 
 	Counters Counters
 }
@@ -140,6 +146,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	_, _ = rand.Read(b[:])
 	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:])), cacheGen: 1,
 		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{})}
+	c.life, c.abort = context.WithCancel(context.Background())
 	c.cache.SetDataBudget(cfg.CacheBytes)
 	c.behind.init(c.sendBehind)
 	if err := c.connect(ctx); err != nil {
@@ -154,6 +161,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		}
 		return nil, fmt.Errorf("client: open session with %s: %w", addr, err)
 	}
+	// the usage a soft mount's statfs falls back on while the server
+	// cannot be reached (StatFs)
+	_, _ = c.StatFs(dctx)
 	c.wg.Add(2)
 	go c.renewLoop()
 	go c.kernelLoop()
@@ -322,6 +332,16 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 		// an EINTR from open or stat breaks tools that never expect it.
 		ctx = context.WithoutCancel(ctx)
 	}
+	// Shutdown ends every wait for a server, whoever waits: a mount must
+	// stop within its bound even when no server answers.
+	ctx, cancelLife := context.WithCancel(ctx)
+	defer cancelLife()
+	defer context.AfterFunc(c.life, cancelLife)()
+	defer func() {
+		if err != nil && c.life.Err() != nil {
+			err = ErrClosed
+		}
+	}()
 	if req.Op.Changes() {
 		req.Oldest = c.inFlight.add(&req.ReqID, req.OriginIno())
 		defer func() {
@@ -757,24 +777,11 @@ func (c *Client) Stats() Stats {
 	return st
 }
 
-// Close ends the sessions cleanly (releasing every lock at once) and closes
-// the connections.
+// Close is Shutdown within 30 s.
 func (c *Client) Close() error {
-	close(c.stop)
-	c.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = c.FlushAll(ctx) // each failure is logged
-	for _, cn := range c.live() {
-		c.mu.Lock()
-		open := cn.hasSession()
-		c.mu.Unlock()
-		if open {
-			_, _ = c.send(ctx, &wire.Request{Op: wire.OpGoodbye}, nil, false, cn, 0)
-		}
-		cn.tr.Close()
-	}
-	return nil
+	return c.Shutdown(ctx)
 }
 
 // changesInFlight is the set of change requests not yet answered, with

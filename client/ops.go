@@ -525,18 +525,6 @@ func (c *Client) Fsync(ctx context.Context, ino ids.Ino) error {
 	return err
 }
 
-// StatFs returns file system usage.
-func (c *Client) StatFs(ctx context.Context) (*wire.StatFs, error) {
-	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpStatFs})
-	if err != nil {
-		return nil, err
-	}
-	if rep.StatFs == nil {
-		return nil, wire.Errf(wire.CodeIO, "statfs reply without data")
-	}
-	return rep.StatFs, nil
-}
-
 // GetXattr returns an extended attribute's value, from the cache under a
 // lock (its absence too: the kernel asks for security.selinux and
 // system.posix_acl_access at every ls -l).

@@ -1,18 +1,11 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
-	"os/signal"
 	"runtime"
 	rtdebug "runtime/debug"
-	"syscall"
-	"time"
-
-	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/leasefs/leasefs/client"
 	lfs "github.com/leasefs/leasefs/fs"
@@ -23,10 +16,13 @@ func runMount(argv []string) error {
 	cfg := client.DefaultConfig()
 	fs := newFlags("mount", "--server HOST:PORT (--token-file FILE | --token TOKEN) [flags] MOUNTPOINT",
 		"Mount leasefs at MOUNTPOINT and serve it in the foreground until it is unmounted\n"+
-			"(umount MOUNTPOINT) or this process gets SIGINT or SIGTERM (then it unmounts and exits 0).")
+			"(umount MOUNTPOINT) or this process gets SIGINT or SIGTERM. Then it unmounts, sends what it\n"+
+			"buffered and exits within --stop-timeout: 0 if everything reached the server, 1 if it logged\n"+
+			"DATA LOST. A MOUNTPOINT that already has a mount on it is refused (--allow-stacked).")
 	var tokenFile, token, faults string
 	var debug bool
 	var logging logFlags
+	var life lifeFlags
 	fs.StringSliceVar(&cfg.Servers, "server", nil, "server address HOST:PORT, or several of one cluster (A,B,C or repeated): requests go to the first that answers,\nor to the server that owns their inode if one redirects there; on failure to the next (required)")
 	fs.DurationVar(&cfg.FailoverTimeout, "failover-timeout", cfg.FailoverTimeout, "with several servers: how long a request may go unanswered before the mount checks that its server is alive and fails over if not")
 	fs.StringVar(&tokenFile, "token-file", "", "file holding the cluster's join token (the server's DATA/token)")
@@ -38,6 +34,7 @@ func runMount(argv []string) error {
 	fs.BoolVar(&debug, "fuse-debug", false, "log every FUSE request")
 	fs.StringVar(&faults, "faults", "", "inject transport faults (testing only)")
 	_ = fs.MarkHidden("faults")
+	life.add(fs)
 	logging.add(fs)
 	if err := parse(fs, argv); err != nil {
 		return err
@@ -93,7 +90,7 @@ func runMount(argv []string) error {
 			return fmt.Errorf("--faults: %w", err)
 		}
 	}
-	return mountAndServe(cfg, fs.Arg(0), lfs.MountOptions{Debug: debug}, log)
+	return mountAndServe(cfg, fs.Arg(0), lfs.MountOptions{Debug: debug}, log, life)
 }
 
 // mountCPUs is the mount's default GOMAXPROCS: half the CPUs Go would
@@ -105,52 +102,3 @@ func runMount(argv []string) error {
 // instead of 2: create −20 %, unlink and rm -rf −10 to −20 %; appends,
 // sequential writes and reads no slower.
 func mountCPUs() int { return max(1, runtime.GOMAXPROCS(0)/2) }
-
-// mountAndServe connects, mounts and serves until unmount or signal.
-func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, log *slog.Logger) error {
-	st, err := os.Stat(mountpoint)
-	if err != nil {
-		return fmt.Errorf("mountpoint: %w", err)
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("mountpoint %s is not a directory", mountpoint)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	c, err := client.New(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	defer serveMountStatus(c, mountpoint, log)() // leasefs admin --mount (admin.go)
-	opts.Logger = log
-	srv, err := lfs.Mount(mountpoint, c, opts)
-	if err != nil {
-		return err
-	}
-	log.Info("mounted", "mountpoint", mountpoint, "server", c.Server())
-	done := make(chan struct{})
-	go func() { srv.Wait(); close(done) }()
-	select {
-	case <-done:
-		log.Info("unmounted", "mountpoint", mountpoint)
-	case <-ctx.Done():
-		log.Info("signal received, unmounting", "mountpoint", mountpoint)
-		unmount(srv, mountpoint, log)
-		<-done
-	}
-	return nil
-}
-
-// unmount retries while the mount is busy, then detaches it lazily so the
-// process can always exit.
-func unmount(srv *fuse.Server, mountpoint string, log *slog.Logger) {
-	for i := 0; i < 20; i++ {
-		if err := srv.Unmount(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	log.Warn("mount busy, detaching lazily", "mountpoint", mountpoint)
-	_ = syscall.Unmount(mountpoint, syscall.MNT_DETACH)
-}
