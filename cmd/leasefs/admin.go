@@ -3,8 +3,9 @@ package main
 // leasefs admin: reads a server's admin endpoint (serve --admin) or a
 // mount's status socket and prints tables.
 //
-// A mount serves its status as JSON over HTTP on a unix socket
-// (mountsock.Path of its mountpoint), and takes a sync request there.
+// A mount serves its status as JSON over HTTP on a unix socket in a
+// directory private to its user (internal/mountsock), and takes a sync
+// request there.
 
 import (
 	"context"
@@ -13,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/pprof"
 	"net/url"
@@ -61,18 +61,16 @@ type mountStatus struct {
 	Stats      client.Stats `json:"stats"`
 }
 
-// serveMountStatus serves c's status, and takes sync requests, on
-// mountsock.Path(mountpoint) until the returned stop is called. A failure
-// only logs: the mount works without it.
+// serveMountStatus serves c's status, and takes sync requests, on the
+// mount's status socket (mountsock.Listen; mountpoint is resolved) until
+// the returned stop is called. A failure only logs: the mount works
+// without it.
 func serveMountStatus(c *client.Client, mountpoint string, log *slog.Logger) (stop func()) {
-	path := mountsock.Path(mountpoint)
-	_ = os.Remove(path) // a stale socket of a killed mount
-	ln, err := net.Listen("unix", path)
+	ln, path, err := mountsock.Listen(mountpoint, log)
 	if err != nil {
-		log.Warn("admin: no status socket", "path", path, "err", err)
+		log.Warn("admin: no status socket", "err", err)
 		return func() {}
 	}
-	_ = os.Chmod(path, 0o600)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
 		st := c.Stats()
@@ -92,7 +90,7 @@ func serveMountStatus(c *client.Client, mountpoint string, log *slog.Logger) (st
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]int64{"dirty_bytes": c.Stats().DirtyBytes})
+		_ = json.NewEncoder(w).Encode(syncReply{Mountpoint: mountpoint, DirtyBytes: c.Stats().DirtyBytes})
 	})
 	// Profiles of the mount process, for the owner of the socket only
 	// (curl --unix-socket SOCKET http://x/debug/pprof/profile).
@@ -105,6 +103,14 @@ func serveMountStatus(c *client.Client, mountpoint string, log *slog.Logger) (st
 		_ = hs.Close()
 		_ = os.Remove(path)
 	}
+}
+
+// syncReply is a mount's answer to a sync: what it still buffers (written
+// meanwhile), and which mount it is, so that the admin knows it reached
+// the mount it asked.
+type syncReply struct {
+	Mountpoint string `json:"mountpoint"`
+	DirtyBytes int64  `json:"dirty_bytes"`
 }
 
 func runAdmin(argv []string) error {
@@ -147,19 +153,7 @@ func runAdmin(argv []string) error {
 		if (args[0] != "status" && args[0] != "sync") || len(args) != 1 {
 			return fmt.Errorf("a mount answers only: status, sync")
 		}
-		hc := mountsock.Client(mount)
-		if args[0] == "sync" {
-			// as long as the server takes to store it: no timeout (^C stops waiting)
-			if _, err := fetch(context.Background(), hc, "POST", "http://mount/sync", ""); err != nil {
-				return fmt.Errorf("mount %s (socket %s): %w", mount, mountsock.Path(mount), err)
-			}
-			return nil
-		}
-		body, err := fetch(ctx, hc, "GET", "http://mount/status", "")
-		if err != nil {
-			return fmt.Errorf("mount %s (socket %s): %w", mount, mountsock.Path(mount), err)
-		}
-		return show(os.Stdout, body, asJSON, printMount)
+		return adminMount(ctx, mount, args[0], asJSON)
 	}
 	if tokenFile == "" {
 		return errors.New("--server needs --token-file: the server's DATA/admin-token (or its join token, DATA/token)")
@@ -235,6 +229,46 @@ func (ac *adminClient) do(ctx context.Context, method, path string) ([]byte, err
 			"or an older release's): nothing sent", ac.addr)
 	}
 	return body, err
+}
+
+// adminMount runs cmd (status or sync) on the mount at mp through its
+// status socket, and fails unless the mount that answered is the one at mp.
+func adminMount(ctx context.Context, mp, cmd string, asJSON bool) error {
+	resolved, _, err := mountsock.Mount(mp)
+	if err != nil {
+		return err
+	}
+	hc := mountsock.Client(mp)
+	var body []byte
+	var answered string
+	if cmd == "sync" {
+		// as long as the server takes to store it: no timeout (^C stops waiting)
+		body, err = fetch(context.Background(), hc, "POST", "http://mount/sync", "")
+		if err == nil {
+			var r syncReply
+			if r, err = decode[syncReply](body); err == nil {
+				answered = r.Mountpoint
+			}
+		}
+	} else {
+		body, err = fetch(ctx, hc, "GET", "http://mount/status", "")
+		if err == nil {
+			var st mountStatus
+			if st, err = decode[mountStatus](body); err == nil {
+				answered = st.Mountpoint
+			}
+		}
+	}
+	if err == nil && answered != resolved {
+		err = fmt.Errorf("the socket answered for %q, not this mount", answered)
+	}
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", resolved, err)
+	}
+	if cmd == "sync" {
+		return nil
+	}
+	return show(os.Stdout, body, asJSON, printMount)
 }
 
 func fetch(ctx context.Context, hc *http.Client, method, u, token string) ([]byte, error) {
