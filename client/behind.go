@@ -39,12 +39,15 @@ const maxBehind = 2 * wire.MaxBatch
 const createHold = 20 * time.Millisecond
 
 type behind struct {
-	mu    sync.Mutex
-	cond  sync.Cond
-	total int
-	inos  map[ids.Ino]int // changes in flight per directory and per inode removed or made
-	names map[dirName]int // and per name
-	in    map[ids.Ino]int // and per directory they change
+	mu sync.Mutex
+	// changed, if not nil, is closed at the next change of the counts
+	// below: what waiters wait on (a channel, not a sync.Cond, so that a
+	// wait gives up when its context ends).
+	changed chan struct{}
+	total   int
+	inos    map[ids.Ino]int // changes in flight per directory and per inode removed or made
+	names   map[dirName]int // and per name
+	in      map[ids.Ino]int // and per directory they change
 	// lost holds files whose create sent behind failed at the server:
 	// what was written to them must fail, not pass for a removed file's
 	lost map[ids.Ino]bool
@@ -69,7 +72,6 @@ func (b *behind) init(send func(dir ids.Ino)) {
 	b.send = send
 	b.holdTimer = time.AfterFunc(time.Hour, b.release)
 	b.holdTimer.Stop()
-	b.cond.L = &b.mu
 	b.inos = map[ids.Ino]int{}
 	b.names = map[dirName]int{}
 	b.in = map[ids.Ino]int{}
@@ -186,23 +188,54 @@ func (b *behind) sent(dir ids.Ino) {
 	}
 }
 
-// reserve waits for a slot.
-func (b *behind) reserve() {
+// reserve waits for a slot; it fails only when ctx ends.
+func (b *behind) reserve(ctx context.Context) error {
 	b.mu.Lock()
-	for b.total >= maxBehind {
-		b.releaseLocked()
-		b.cond.Wait()
+	defer b.mu.Unlock()
+	if err := b.waitLocked(ctx, func() bool { return b.total >= maxBehind }); err != nil {
+		return err
 	}
 	b.total++
-	b.mu.Unlock()
+	return nil
 }
 
 // unreserve gives back a slot nothing used.
 func (b *behind) unreserve() {
 	b.mu.Lock()
 	b.total--
+	b.broadcastLocked()
 	b.mu.Unlock()
-	b.cond.Broadcast()
+}
+
+// waitLocked returns once blocked reports false, starting the senders of
+// held queues meanwhile (something waits for a change, and which queue
+// holds it need not be worked out), or with ctx's error once ctx ends.
+// Called with b.mu held; it is released while waiting.
+func (b *behind) waitLocked(ctx context.Context, blocked func() bool) error {
+	for blocked() {
+		b.releaseLocked()
+		if b.changed == nil {
+			b.changed = make(chan struct{})
+		}
+		ch := b.changed
+		b.mu.Unlock()
+		select {
+		case <-ch:
+			b.mu.Lock()
+		case <-ctx.Done():
+			b.mu.Lock()
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// broadcastLocked wakes every waiter to look again. Called with b.mu held.
+func (b *behind) broadcastLocked() {
+	if b.changed != nil {
+		close(b.changed)
+		b.changed = nil
+	}
 }
 
 // start records a removal in a reserved slot.
@@ -231,18 +264,16 @@ func (b *behind) done(dir, child ids.Ino, name string) {
 		delete(b.in, dir)
 	}
 	b.total--
+	b.broadcastLocked()
 	b.mu.Unlock()
-	b.cond.Broadcast()
 }
 
-// wait returns once no change of or in any of inos is in flight.
-func (b *behind) wait(inos ...ids.Ino) {
+// wait returns once no change of or in any of inos is in flight, or with
+// ctx's error.
+func (b *behind) wait(ctx context.Context, inos ...ids.Ino) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for b.pending(inos) {
-		b.releaseLocked()
-		b.cond.Wait()
-	}
+	return b.waitLocked(ctx, func() bool { return b.pending(inos) })
 }
 
 // busy reports whether a change of or in ino is in flight.
@@ -275,60 +306,68 @@ func (b *behind) pending(inos []ids.Ino) bool {
 	return false
 }
 
-// waitEmptied returns once no change in dir is in flight.
-func (b *behind) waitEmptied(dir ids.Ino) {
+// waitEmptied returns once no change in dir is in flight, or with ctx's
+// error.
+func (b *behind) waitEmptied(ctx context.Context, dir ids.Ino) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for b.in[dir] > 0 {
-		b.releaseLocked()
-		b.cond.Wait()
-	}
+	return b.waitLocked(ctx, func() bool { return b.in[dir] > 0 })
 }
 
-// waitName returns once no removal of dir/name is in flight.
-func (b *behind) waitName(dir ids.Ino, name string) {
+// waitName returns once no removal of dir/name is in flight, or with ctx's
+// error.
+func (b *behind) waitName(ctx context.Context, dir ids.Ino, name string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for b.names[dirName{dir, name}] > 0 {
-		b.releaseLocked()
-		b.cond.Wait()
-	}
+	return b.waitLocked(ctx, func() bool { return b.names[dirName{dir, name}] > 0 })
 }
 
-// waitAll returns once no change is in flight.
-func (b *behind) waitAll() {
+// waitAll returns once no change is in flight, or with ctx's error.
+func (b *behind) waitAll(ctx context.Context) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for b.total > 0 {
-		b.releaseLocked()
-		b.cond.Wait()
-	}
+	return b.waitLocked(ctx, func() bool { return b.total > 0 })
 }
 
-// waitFor makes a request wait for the removals it could observe.
-func (c *Client) waitFor(req *wire.Request) {
+// waitBehind runs wait, one of behind's waits, for an operation whose
+// context is ctx (opContext).
+func (c *Client) waitBehind(ctx context.Context, wait func(context.Context) error) error {
+	wctx, cancel := c.opContext(ctx, false)
+	defer cancel()
+	return c.softErr(ctx, wait(wctx))
+}
+
+// waitFor makes a request wait for the changes sent behind that it could
+// observe, until ctx ends. Never called on a sender of those changes
+// (sendBehind, a flush sending a held batch), nor by anything that one
+// waits for: see the wait order in client.go.
+func (c *Client) waitFor(ctx context.Context, req *wire.Request) error {
 	switch req.Op {
-	case wire.OpRenew, wire.OpGoodbye, wire.OpOpenSession, wire.OpStatFs:
-		return
+	case wire.OpRenew, wire.OpGoodbye, wire.OpOpenSession, wire.OpStatFs, wire.OpAllocInos, wire.OpLockRelease:
+		return nil
 	case wire.OpLookup:
 		// other names of the directory are not affected
-		c.behind.waitName(req.Parent, req.Name)
-		c.behind.wait(req.Ino)
-		return
+		if err := c.behind.waitName(ctx, req.Parent, req.Name); err != nil {
+			return err
+		}
+		return c.behind.wait(ctx, req.Ino)
 	}
-	c.behind.wait(req.Ino, req.Parent, req.NewPar)
+	return c.behind.wait(ctx, req.Ino, req.Parent, req.NewPar)
 }
 
 // removeBehind removes parent/name (the inode child; a directory for
 // OpRmdir) in the cache and sends the removal behind the caller, if the
 // client holds parent's X lock and knows the removal succeeds; false if it
-// must be sent and waited for.
-func (c *Client) removeBehind(parent ids.Ino, name string, child *wire.Attr, op wire.Op) bool {
+// must be sent and waited for. It fails only if ctx ends while it waits
+// for a slot.
+func (c *Client) removeBehind(ctx context.Context, parent ids.Ino, name string, child *wire.Attr, op wire.Op) (bool, error) {
 	isDir := child.Mode&syscall.S_IFMT == syscall.S_IFDIR
 	if isDir != (op == wire.OpRmdir) {
-		return false
+		return false, nil
 	}
-	c.behind.reserve()
+	if err := c.waitBehind(ctx, c.behind.reserve); err != nil {
+		return false, err
+	}
 	c.mu.Lock()
 	now := c.clk.Now()
 	mode, _ := c.cache.Mode(parent)
@@ -342,7 +381,7 @@ func (c *Client) removeBehind(parent ids.Ino, name string, child *wire.Attr, op 
 	if !ok {
 		c.mu.Unlock()
 		c.behind.unreserve()
-		return false
+		return false, nil
 	}
 	c.behind.start(parent, child.Ino, name)
 	c.Counters.RemovedBehind.Add(1)
@@ -360,12 +399,15 @@ func (c *Client) removeBehind(parent ids.Ino, name string, child *wire.Attr, op 
 	c.cache.Predict(child.Ino, nil)
 	c.mu.Unlock()
 	c.behind.queue(parent, &wire.Request{Op: op, Parent: parent, Name: name, Ino: child.Ino, Flags: wire.RemoveIfIno}, false)
-	return true
+	return true, nil
 }
 
 // sendBehind sends the changes queued for dir, in batches of what queued
-// up meanwhile, until none is left.
+// up meanwhile, until none is left. Whatever it runs must not wait for a
+// change sent behind (wait order, client.go): it is the one that sends
+// them.
 func (c *Client) sendBehind(dir ids.Ino) {
+	ctx := context.Background()
 	for {
 		reqs, ok := c.behind.next(dir)
 		if !ok {
@@ -374,11 +416,12 @@ func (c *Client) sendBehind(dir ids.Ino) {
 		for _, req := range reqs {
 			if req.Op == wire.OpRmdir {
 				// the server must find it empty: its own removals
-				// go first (by its sender; the caller did not wait)
-				c.behind.waitEmptied(req.Ino)
+				// go first (by their directory's sender, which waits
+				// for no parent's; the caller did not wait)
+				_ = c.behind.waitEmptied(ctx, req.Ino)
 			}
 		}
-		errs, _ := c.sendBatch(context.Background(), dir, reqs)
+		errs, _ := c.sendBatch(ctx, dir, reqs)
 		c.behindSent(dir, reqs, errs)
 	}
 }

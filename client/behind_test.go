@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -27,7 +28,7 @@ func TestBehindHold(t *testing.T) {
 		}
 	})
 	create := func(dir, ino ids.Ino, name string) {
-		b.reserve()
+		_ = b.reserve(context.Background())
 		b.start(dir, ino, name)
 		b.queue(dir, &wire.Request{Op: wire.OpCreate, Parent: dir, Name: name, Ino: ino, Flags: wire.CreateIno}, true)
 	}
@@ -51,7 +52,7 @@ func TestBehindHold(t *testing.T) {
 	}
 
 	create(2, 20, "b")
-	go b.wait(20)
+	go b.wait(context.Background(), 20)
 	expect("a wait", 2, createHold/2)
 
 	create(3, 30, "c")
@@ -71,7 +72,7 @@ func TestBehindHold(t *testing.T) {
 	}
 
 	create(4, 40, "d")
-	b.reserve()
+	_ = b.reserve(context.Background())
 	b.start(4, 41, "e")
 	b.queue(4, &wire.Request{Op: wire.OpUnlink, Parent: 4, Name: "e", Ino: 41, Flags: wire.RemoveIfIno}, false)
 	expect("a removal", 4, createHold/2)

@@ -87,6 +87,7 @@ type Counters struct {
 	CreatedBehind                                    atomic.Int64 // creates sent behind the caller
 	CreatedWithData                                  atomic.Int64 // of them, sent with the file's data (flushWithCreate)
 	BehindBatches                                    atomic.Int64 // requests that carried several of them (wire.OpBatch)
+	LocksEvicted                                     atomic.Int64 // locks the cache dropped for space, given back
 }
 
 // Client is one mount's connection to leasefs.
@@ -120,9 +121,10 @@ type Client struct {
 
 	wb        writeback
 	ra        readAhead
-	behind    behind     // removals and creates sent behind the caller
-	inos      inoPool    // inode numbers for creates behind the caller
-	recoverMu sync.Mutex // one recovery at a time
+	behind    behind   // removals and creates sent behind the caller
+	inos      inoPool  // inode numbers for creates behind the caller
+	rel       releases // evicted locks to give back (evict.go)
+	recoverMu ctxMutex // one recovery at a time
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	// life ends when Shutdown gives up on the servers (abort): every
@@ -135,6 +137,54 @@ type Client struct {
 	Counters Counters
 }
 
+// Lock and wait order.
+//
+// The client's goroutines: FUSE requests (fs/); the senders of changes sent
+// behind the caller (behind.go: sendBehind, one per directory with changes
+// queued, and a Flush that takes a held batch along, flushWithCreate); the
+// write-back's flushes (a file's mu held while its writes are sent,
+// sendWrites' workers); revocation handlers (onCallback); renewLoop
+// (renewals, flushOld); kernelLoop; the background goroutine (evict.go:
+// gives back locks the cache evicted, drops kernel caches for others);
+// prefetches (readahead.go); refillInos; reclaims of files created behind,
+// after a NACK.
+//
+// What each may wait for (besides the server, and c.mu and the other
+// mutexes below, which no one holds across a wait):
+//
+//	FUSE request      changes behind of its inodes (waitFor), a slot behind,
+//	                  a file's mu, recoverMu, a conn's open, a prefetch
+//	flush             changes behind of its file, then the file's mu
+//	revocation        changes behind of its inode, the file's mu, the kernel
+//	background        changes behind, a file's mu, the kernel
+//	sender (behind)   an rmdir's directory emptied (its children's senders),
+//	                  recoverMu, a conn's open
+//	recovery          recoverMu, a conn's open; files' mu only by tryLock
+//
+// Nothing waits for the background goroutine or a revocation handler, and
+// the server does not make a holder's requests wait for its own revocation
+// (it lets them run). What keeps the graph without a cycle:
+//
+//   - send, and all it runs (recovery, reclaim), never waits for changes
+//     sent behind nor takes a file's mu but by tryLock: it runs on the
+//     senders and on flushes holding a file's mu. waitFor runs before send
+//     (callWith), never inside. The locks a reply's grants push out of the
+//     cache are given back by the background goroutine (takeEvictedLocked),
+//     which waits for the inode's changes behind and flushes it first: given
+//     back by the sender that got the reply, a lock waited for that
+//     sender's own batch, and the mount hung.
+//   - The kernel's invalidation (Hooks.Invalidate) may wait for page locks
+//     held by a FUSE request, which may wait for anything above: only a
+//     revocation handler and the background goroutine call it; others hand
+//     it over (invalidateLater).
+//   - Mutexes held only around memory: c.mu before c.srv.mu, c.inos.mu,
+//     behind.mu and c.rel.mu; a file's mu before c.mu and c.wb.mu
+//     (bufferChange, retire, loseFile); c.ra.mu before c.mu (readDone);
+//     changesInFlight.mu innermost.
+//   - A wait that can hold up a FUSE request takes the request's context
+//     (opContext): deaf to FUSE interrupts but for lock waits, bounded by
+//     its caller's deadline and a soft mount's timeout.
+
 // New connects to the server, authenticates and opens a session. It fails
 // within the dial timeout with a clear error when the server is unreachable
 // or refuses the token.
@@ -145,10 +195,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:])), cacheGen: 1,
-		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{})}
+		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), recoverMu: newCtxMutex()}
 	c.life, c.abort = context.WithCancel(context.Background())
 	c.cache.SetDataBudget(cfg.CacheBytes)
 	c.behind.init(c.sendBehind)
+	c.rel.init()
 	if err := c.connect(ctx); err != nil {
 		return nil, fmt.Errorf("client: connect: %w", err)
 	}
@@ -164,9 +215,10 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	// the usage a soft mount's statfs falls back on while the server
 	// cannot be reached (StatFs)
 	_, _ = c.StatFs(dctx)
-	c.wg.Add(2)
+	c.wg.Add(3)
 	go c.renewLoop()
 	go c.kernelLoop()
+	go c.background()
 	// inode numbers for the first creates behind the caller
 	c.inos.mu.Lock()
 	c.askInosLocked()
@@ -315,8 +367,66 @@ var errRecovered = errors.New("client: session recovered after NACK")
 // callWith is call; with failOnNack a NACKed request is not sent again in
 // the new session but fails with errRecovered.
 func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool) (*wire.Reply, error) {
-	c.waitFor(req)
+	wctx, cancel := c.opContext(ctx, interruptible(req))
+	err := c.waitFor(wctx, req)
+	cancel()
+	if err != nil {
+		return nil, c.softErr(ctx, err)
+	}
 	return c.send(ctx, req, apply, failOnNack, nil, 0)
+}
+
+// interruptible reports whether req gives way to a signal (EINTR): only a
+// lock wait, which can block for as long as another user likes. Anything
+// else finishes: Go programs get signals all the time (SIGURG), and an
+// EINTR from open or stat breaks tools that never expect it.
+func interruptible(req *wire.Request) bool { return req.Op == wire.OpPosixLock && req.Lk.Wait }
+
+// internalCtx marks a context of the client's own (cancelAlways): its
+// cancellation holds wherever it goes.
+type internalCtx struct{}
+
+// cancelAlways marks ctx as the client's own: detach keeps its
+// cancellation (Close stopping the background goroutine).
+func cancelAlways(ctx context.Context) context.Context {
+	return context.WithValue(ctx, internalCtx{}, true)
+}
+
+// detach returns ctx without its cancellation (a FUSE interrupt: see
+// interruptible), but with its deadline, which bounds internal callers
+// (a lock's release, the renewal of a lease, Close). The client's own
+// contexts (cancelAlways) keep their cancellation too.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Value(internalCtx{}) != nil {
+		return ctx, func() {}
+	}
+	d, ok := ctx.Deadline()
+	ctx = context.WithoutCancel(ctx)
+	if ok {
+		return context.WithDeadline(ctx, d)
+	}
+	return ctx, func() {}
+}
+
+// opContext is the context an operation waits under in the client before
+// it sends (for changes sent behind, a file's flush, a slot): ctx detached
+// unless interruptible, bounded by a soft mount's timeout, and ended by
+// Shutdown giving up (as send's are). A wait that can hold up a FUSE
+// request takes it; softErr turns its end into the error the operation
+// returns.
+func (c *Client) opContext(ctx context.Context, interruptible bool) (context.Context, context.CancelFunc) {
+	cancelDetach := context.CancelFunc(func() {})
+	if !interruptible {
+		ctx, cancelDetach = detach(ctx)
+	}
+	var cancel context.CancelFunc
+	if c.cfg.SoftTimeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, c.cfg.SoftTimeout)
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
+	stop := context.AfterFunc(c.life, cancel)
+	return ctx, func() { stop(); cancel(); cancelDetach() }
 }
 
 // send is callWith; a non-nil to sends req to that server only (a
@@ -325,12 +435,10 @@ func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*ca
 // was dropped since, it fails with errRecovered unsent (failOnNack must be
 // set), as a NACK of it would have.
 func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool, to *conn, gen uint64) (_ *wire.Reply, err error) {
-	if !(req.Op == wire.OpPosixLock && req.Lk.Wait) {
-		// Only a lock wait can block for as long as another user likes,
-		// so only it gives way to a signal (EINTR). Anything else
-		// finishes: Go programs get signals all the time (SIGURG), and
-		// an EINTR from open or stat breaks tools that never expect it.
-		ctx = context.WithoutCancel(ctx)
+	if !interruptible(req) {
+		var cancel context.CancelFunc
+		ctx, cancel = detach(ctx)
+		defer cancel()
 	}
 	// Shutdown ends every wait for a server, whoever waits: a mount must
 	// stop within its bound even when no server answers.
@@ -385,7 +493,13 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 		}
 		c.mu.Unlock()
 		c.Counters.Requests.Add(1)
+		// the reply's grants are held against the releases under way
+		// (evict.go) until they are applied
+		answered := c.rel.sent()
 		rep, err := c.roundTrip(ctx, sctx, cn, h, head, req.Data)
+		if err != nil || rep.Code == wire.CodeNack {
+			answered()
+		}
 		if errors.Is(err, errSendAgain) && to == nil {
 			continue
 		}
@@ -415,6 +529,7 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 		}
 		if rep.Code == wire.CodeRedirect {
 			c.mu.Unlock()
+			answered()
 			c.Counters.Redirects.Add(1)
 			if redirects++; redirects > maxRedirects || !c.follow(sctx, req.Home(), rep.Owner) {
 				req.NoRedirect = true
@@ -426,7 +541,7 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 			if len(rep.Grants) > 0 {
 				cn.holds = true
 			}
-			c.cache.ApplyReply(rep.Grants, sentGen, func() {
+			c.cache.ApplyReply(c.rel.filter(rep.Grants), sentGen, func() {
 				if rep.Attr != nil {
 					c.cache.SetAttr(rep.Attr)
 				}
@@ -434,14 +549,16 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 					apply(c.cache, rep)
 				}
 			})
+			// given back by the background goroutine: this one may be
+			// what the release waits for (a sender of changes behind)
+			c.takeEvictedLocked()
 		}
-		evicted := c.cache.TakeEvicted()
 		server := cn.server
 		c.mu.Unlock()
+		answered()
 		for _, g := range rep.Grants {
 			c.learnOwner(g.Ino, server)
 		}
-		c.releaseEvicted(evicted)
 		return rep, rep.Err()
 	}
 }
@@ -449,7 +566,10 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 // softErr is what a soft mount's operation fails with when its deadline
 // (sctx) ended while ctx did not.
 func (c *Client) softErr(ctx context.Context, err error) error {
-	if ctx.Err() == nil && c.cfg.SoftTimeout > 0 && errors.Is(err, context.DeadlineExceeded) {
+	switch {
+	case err != nil && c.life.Err() != nil:
+		return ErrClosed // Shutdown gave up on the servers
+	case ctx.Err() == nil && c.cfg.SoftTimeout > 0 && errors.Is(err, context.DeadlineExceeded):
 		return ErrTimeout
 	}
 	return err
@@ -523,8 +643,10 @@ func (c *Client) recover(ctx context.Context, cn *conn, lost ids.SessionID) erro
 // session is rare) and reports that it did. Then it opens a new session
 // there, unless the server was given up. Once per lost session.
 func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID) (dropped bool, _ error) {
-	c.recoverMu.Lock()
-	defer c.recoverMu.Unlock()
+	if err := c.recoverMu.lock(ctx); err != nil {
+		return false, err
+	}
+	defer c.recoverMu.unlock()
 	gone := c.isGone(cn)
 	c.mu.Lock()
 	if lost == 0 || cn.session.ID != lost || cn.lease == nil {
@@ -538,6 +660,7 @@ func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID)
 	if dropped {
 		inos = c.cache.DropAll()
 		c.cacheGen++
+		c.rel.reset() // the server forgot the locks
 	}
 	cn.holds = false
 	c.srv.mu.Lock()
@@ -550,8 +673,14 @@ func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID)
 		why = "server given up"
 	}
 	c.log.Warn(why+"; recovering", "server", cn.addr, "session", lost, "cached_inodes_dropped", len(inos))
+	// Not here: this may be a sender of changes behind, or a flush, that a
+	// FUSE request holding the kernel's page locks waits for. The kernel's
+	// names and attributes went when the lease neared its end
+	// (kernelLoop); whatever is left goes within moments, long before the
+	// server can have let anyone else change what this client cached
+	// (it steals the locks τ(1+δ) after it began failing the client).
 	for _, ino := range inos {
-		c.Invalidate(ino)
+		c.invalidateLater(ino)
 	}
 	if !gone {
 		if err := c.ensureSession(ctx, cn); err != nil {
@@ -565,16 +694,6 @@ func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID)
 	c.resetInos()
 	c.log.Info("recovery done: caches rebuilt on demand")
 	return dropped, nil
-}
-
-// releaseEvicted gives back locks the cache dropped for space.
-func (c *Client) releaseEvicted(gs []wire.Grant) {
-	for _, g := range gs {
-		c.Invalidate(g.Ino)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, _ = c.Call(ctx, &wire.Request{Op: wire.OpLockRelease, Ino: g.Ino, LockMode: wire.LockNone, Version: g.Seq})
-		cancel()
-	}
 }
 
 // onCallback answers server-initiated messages. A revocation is
@@ -595,7 +714,9 @@ func (c *Client) onCallback(ctx context.Context, body []byte) []byte {
 		c.mu.Unlock()
 		// Removals sent behind, and buffered writes, reach the server
 		// before the lock goes: the next holder must see them.
-		c.behind.wait(cb.Ino)
+		if err := c.behind.wait(ctx, cb.Ino); err != nil {
+			return wire.ErrorReply(wire.Errf(wire.CodeIO, "changes sent behind before revocation: %v", err)).Append(nil)
+		}
 		if err := c.Flush(ctx, cb.Ino); err != nil {
 			return wire.ErrorReply(wire.Errf(wire.CodeIO, "flush before revocation: %v", err)).Append(nil)
 		}
@@ -830,3 +951,36 @@ func (f *changesInFlight) done(id uint64) {
 	delete(f.pending, id)
 	f.mu.Unlock()
 }
+
+// ctxMutex is a mutex whose lock gives up when a context ends: for locks
+// held across requests to a server, which a FUSE request may wait for.
+type ctxMutex chan struct{}
+
+func newCtxMutex() ctxMutex { return make(ctxMutex, 1) }
+
+// lock locks m, or returns ctx's error if ctx ends first.
+func (m ctxMutex) lock(ctx context.Context) error {
+	select {
+	case m <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case m <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// tryLock locks m if nobody holds it.
+func (m ctxMutex) tryLock() bool {
+	select {
+	case m <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (m ctxMutex) unlock() { <-m }

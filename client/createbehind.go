@@ -112,12 +112,15 @@ func (c *Client) refillInos() {
 // createBehind makes parent/name, a regular file, in the cache and opens
 // it, and sends the create behind the caller, if the client holds parent's
 // X lock, knows the name is free and has an inode number; false if the
-// create must be sent and waited for.
-func (c *Client) createBehind(parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, bool) {
+// create must be sent and waited for. It fails only if ctx ends while it
+// waits for a slot.
+func (c *Client) createBehind(ctx context.Context, parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, bool, error) {
 	if t := mode & syscall.S_IFMT; t != 0 && t != syscall.S_IFREG || len(name) > 255 /* NAME_MAX: the server's error then */ {
-		return nil, false
+		return nil, false, nil
 	}
-	c.behind.reserve()
+	if err := c.waitBehind(ctx, c.behind.reserve); err != nil {
+		return nil, false, err
+	}
 	c.mu.Lock()
 	pmode, _ := c.cache.Mode(parent)
 	cur, known := c.cache.Entry(parent, name)
@@ -130,7 +133,7 @@ func (c *Client) createBehind(parent ids.Ino, name string, mode, uid, gid uint32
 	if !ok {
 		c.mu.Unlock()
 		c.behind.unreserve()
-		return nil, false
+		return nil, false, nil
 	}
 	// what the server will make of it (Store.CreateAs), times included:
 	// the request carries them
@@ -144,6 +147,7 @@ func (c *Client) createBehind(parent ids.Ino, name string, mode, uid, gid uint32
 	// The X lock is the client's from here; the server grants it (with a
 	// sequence number) in the create's reply.
 	c.cache.Granted(wire.Grant{Ino: ino, Mode: wire.LockExclusive})
+	c.takeEvictedLocked() // a grant may push another lock out
 	c.cache.SetAttr(a)
 	c.cache.SetNoXattrs(ino) // new: the kernel's security.capability questions need no server
 	c.cache.OpenLocally(ino)
@@ -154,5 +158,5 @@ func (c *Client) createBehind(parent ids.Ino, name string, mode, uid, gid uint32
 	c.behind.queue(parent, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Ino: ino, Mode: a.Mode,
 		Uid: uid, Gid: gid, Mtime: t, Flags: wire.CreateOpen | wire.CreateIno}, true)
 	cp := *a
-	return &cp, true
+	return &cp, true, nil
 }

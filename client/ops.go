@@ -76,7 +76,9 @@ func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (*wire
 		// in a directory, one link of a file) as a request naming it
 		// does: what the server said may lack them. Send them, ask again.
 		if ino := rep.Attr.Ino; attempt < 2 && c.unsent(ino) {
-			c.behind.wait(ino)
+			if err := c.waitBehind(ctx, func(ctx context.Context) error { return c.behind.wait(ctx, ino) }); err != nil {
+				return nil, err
+			}
 			if err := c.Flush(ctx, ino); err != nil {
 				return nil, err
 			}
@@ -201,8 +203,8 @@ func grants(rep *wire.Reply, ino ids.Ino) bool {
 // of mode, owner or times is buffered like a write under an X lock.
 func (c *Client) SetAttr(ctx context.Context, req *wire.Request) (*wire.Attr, error) {
 	if req.Valid != 0 && req.Valid&^bufferedAttrs == 0 {
-		if a, ok := c.bufferAttr(req); ok {
-			return a, nil
+		if a, err := c.bufferAttr(ctx, req); a != nil || err != nil {
+			return a, err
 		}
 	}
 	if err := c.Flush(ctx, req.Ino); err != nil {
@@ -226,8 +228,8 @@ func (c *Client) Create(ctx context.Context, parent ids.Ino, name string, mode, 
 // CreateOpen makes a regular file and opens it in one round trip; the
 // caller releases it like any opened file.
 func (c *Client) CreateOpen(ctx context.Context, parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, error) {
-	if a, ok := c.createBehind(parent, name, mode, uid, gid); ok {
-		return a, nil
+	if a, ok, err := c.createBehind(ctx, parent, name, mode, uid, gid); ok || err != nil {
+		return a, err
 	}
 	return c.createCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid,
 		Flags: wire.CreateOpen})
@@ -275,8 +277,10 @@ func (c *Client) Link(ctx context.Context, ino, newParent ids.Ino, name string) 
 // Unlink removes a non-directory entry.
 func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error {
 	child, _ := c.Lookup(ctx, parent, name)
-	if child != nil && c.removeBehind(parent, name, child, wire.OpUnlink) {
-		return nil
+	if child != nil {
+		if ok, err := c.removeBehind(ctx, parent, name, child, wire.OpUnlink); ok || err != nil {
+			return err
+		}
 	}
 	req := &wire.Request{Op: wire.OpUnlink, Parent: parent, Name: name}
 	if child != nil {
@@ -315,12 +319,12 @@ func (c *Client) removing(req *wire.Request, ino ids.Ino) func() {
 func (c *Client) Rmdir(ctx context.Context, parent ids.Ino, name string) error {
 	req := &wire.Request{Op: wire.OpRmdir, Parent: parent, Name: name}
 	if child, _, ok := c.lookupCached(parent, name); ok && child != nil {
-		if c.removeBehind(parent, name, child, wire.OpRmdir) {
-			return nil
+		if ok, err := c.removeBehind(ctx, parent, name, child, wire.OpRmdir); ok || err != nil {
+			return err
 		}
 		req.Ino = child.Ino // waits for the removals sent behind in it
-	} else {
-		c.behind.waitAll() // which directory it is, the cache cannot tell
+	} else if err := c.waitBehind(ctx, c.behind.waitAll); err != nil {
+		return err // which directory it is, the cache cannot tell: all
 	}
 	_, err := c.call(ctx, req,
 		func(ch *cache.Cache, rep *wire.Reply) {

@@ -156,8 +156,15 @@ func (c *Client) fetchAhead(ino ids.Ino, p *prefetch) {
 	}()
 	var gen uint64
 	c.withCache(func(ch *cache.Cache) { gen = ch.DataGen() })
-	if f := c.wb.file(ino, false); f != nil && f.size() > 0 {
-		return
+	if f := c.wb.file(ino, false); f != nil {
+		if !f.mu.tryLock() {
+			return // being written or flushed
+		}
+		dirty := f.bytes > 0
+		f.mu.unlock()
+		if dirty {
+			return
+		}
 	}
 	rep, _ := c.call(context.Background(), &wire.Request{Op: wire.OpRead, Ino: ino, Off: p.start, Size: p.end - p.start},
 		func(ch *cache.Cache, rep *wire.Reply) {

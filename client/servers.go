@@ -20,7 +20,7 @@ import (
 type conn struct {
 	addr string
 	tr   *transport.Client
-	open sync.Mutex // one session opening at a time
+	open ctxMutex // one session opening at a time
 
 	// guarded by Client.mu
 	server  ids.ServerID // learnt when the session opened
@@ -78,7 +78,7 @@ var errServerLost = errors.New("client: server given up")
 // newConn makes the (undialled) connection to addr.
 func (c *Client) newConn(addr string) *conn {
 	host, _ := os.Hostname()
-	return &conn{addr: addr, tr: transport.NewClient(addr, transport.ClientConfig{
+	return &conn{addr: addr, open: newCtxMutex(), tr: transport.NewClient(addr, transport.ClientConfig{
 		Token: c.cfg.Token, ClientID: c.id, Hostname: host, Logger: c.cfg.Logger,
 		Faults: c.cfg.Faults, Callback: c.onCallback, DialTimeout: c.cfg.DialTimeout,
 	})}
@@ -198,8 +198,10 @@ func (c *Client) ensureSession(ctx context.Context, cn *conn) error {
 	if ok {
 		return nil
 	}
-	cn.open.Lock()
-	defer cn.open.Unlock()
+	if err := cn.open.lock(ctx); err != nil {
+		return err
+	}
+	defer cn.open.unlock()
 	c.mu.Lock()
 	ok = cn.hasSession()
 	c.mu.Unlock()

@@ -92,10 +92,10 @@ func (c *Client) Unsent() []Unsent {
 	var out []Unsent
 	for ino, f := range files {
 		n := -1
-		if f.mu.TryLock() {
+		if f.mu.tryLock() {
 			dirty := f.dirty()
 			n = f.bytes
-			f.mu.Unlock()
+			f.mu.unlock()
 			if !dirty {
 				continue
 			}

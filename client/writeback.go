@@ -47,7 +47,9 @@ type extent struct {
 // order (extents()), a later write copied over the bytes of earlier ones it
 // overlaps.
 type dirtyFile struct {
-	mu sync.Mutex // held while flushing, so flushes of one file are ordered
+	// mu is held while flushing, so flushes of one file are ordered; a
+	// write waiting for it gives up when its context ends.
+	mu ctxMutex
 	// settled and pending are each sorted, and disjoint from each other
 	// and between themselves. A write that overlaps nothing goes into
 	// pending, a write that overlaps something into settled (after
@@ -97,7 +99,7 @@ func (w *writeback) file(ino ids.Ino, create bool) *dirtyFile {
 	}
 	f := w.files[ino]
 	if f == nil && create {
-		f = &dirtyFile{since: time.Now()}
+		f = &dirtyFile{mu: newCtxMutex(), since: time.Now()}
 		w.files[ino] = f
 	}
 	return f
@@ -119,17 +121,19 @@ func (w *writeback) retire(ino ids.Ino, f *dirtyFile) {
 // lockFile returns ino's dirty file, locked and still current: a flush
 // that completed, or a reclaim, may have retired the one found first, and
 // data added to a retired file would never be sent.
-func (w *writeback) lockFile(ino ids.Ino) *dirtyFile {
+func (w *writeback) lockFile(ctx context.Context, ino ids.Ino) (*dirtyFile, error) {
 	for {
 		f := w.file(ino, true)
-		f.mu.Lock()
+		if err := f.mu.lock(ctx); err != nil {
+			return nil, err
+		}
 		w.mu.Lock()
 		current := w.files[ino] == f
 		w.mu.Unlock()
 		if current {
-			return f
+			return f, nil
 		}
-		f.mu.Unlock()
+		f.mu.unlock()
 	}
 }
 
@@ -148,12 +152,17 @@ func (c *Client) LostGen(ino ids.Ino) uint64 {
 // reclaimed after a NACK if nobody else had appended meanwhile, and shared
 // logs are what O_APPEND is for.
 func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte, appendMode bool) error {
-	if !appendMode && c.buffer(ino, off, data) {
-		f := c.wb.file(ino, false)
-		if f != nil && (f.size() >= flushThreshold || c.wb.total.Load() >= DirtyBudget) {
-			return c.Flush(ctx, ino)
+	if !appendMode {
+		buffered, fileBytes, err := c.buffer(ctx, ino, off, data)
+		if err != nil {
+			return err
 		}
-		return nil
+		if buffered {
+			if fileBytes >= flushThreshold || c.wb.total.Load() >= DirtyBudget {
+				return c.Flush(ctx, ino)
+			}
+			return nil
+		}
 	}
 	if err := c.Flush(ctx, ino); err != nil {
 		return err
@@ -183,33 +192,33 @@ func (c *Client) changingData(ino ids.Ino) func() {
 	}
 }
 
-func (f *dirtyFile) size() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.bytes
-}
-
 // bufferChange records a change of ino in its dirty file if the client
 // may keep it (an X lock, a valid lease, cached attributes): change gets
 // the file and the cached attributes to update, whose fields (wire.Set*
 // bits; SetSize for writes) the cache then gives over what replies say
 // until the change is at the server (cache.SetLocal, retire); they are
-// returned. Lock order: the file's mu, then c.mu (Flush holds the file's
-// mu while it calls).
-func (c *Client) bufferChange(ino ids.Ino, fields uint32, change func(f *dirtyFile, attr *wire.Attr)) (*wire.Attr, bool) {
-	f := c.wb.lockFile(ino)
-	defer f.mu.Unlock()
+// returned, with the bytes the file buffers. Lock order: the file's mu,
+// then c.mu (Flush holds the file's mu while it calls). It fails only if
+// ctx ends while it waits for a flush of the file.
+func (c *Client) bufferChange(ctx context.Context, ino ids.Ino, fields uint32, change func(f *dirtyFile, attr *wire.Attr)) (*wire.Attr, int, error) {
+	wctx, cancel := c.opContext(ctx, false)
+	f, err := c.wb.lockFile(wctx, ino)
+	cancel()
+	if err != nil {
+		return nil, 0, c.softErr(ctx, err)
+	}
+	defer f.mu.unlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.leasesValid(c.clk.Now()) {
-		return nil, false
+		return nil, 0, nil
 	}
 	if mode, _ := c.cache.Mode(ino); mode != wire.LockExclusive {
-		return nil, false
+		return nil, 0, nil
 	}
 	attr, ok := c.cache.Attr(ino)
 	if !ok {
-		return nil, false
+		return nil, 0, nil
 	}
 	if !f.dirty() {
 		f.base = attr.Version
@@ -223,7 +232,7 @@ func (c *Client) bufferChange(ino ids.Ino, fields uint32, change func(f *dirtyFi
 		// reached the server (GetXattr)
 		c.cache.ModeChanged(ino)
 	}
-	return attr, true
+	return attr, f.bytes, nil
 }
 
 // retire forgets f, ino's dirty file, which its caller holds locked, once
@@ -243,9 +252,10 @@ func (c *Client) retire(ino ids.Ino, f *dirtyFile) {
 	c.wb.retire(ino, f)
 }
 
-// buffer records a write if the client may keep it.
-func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
-	_, ok := c.bufferChange(ino, wire.SetSize|wire.SetMtime|wire.SetCtime, func(f *dirtyFile, attr *wire.Attr) {
+// buffer records a write if the client may keep it, and returns the bytes
+// its file then buffers.
+func (c *Client) buffer(ctx context.Context, ino ids.Ino, off uint64, data []byte) (bool, int, error) {
+	attr, bytes, err := c.bufferChange(ctx, ino, wire.SetSize|wire.SetMtime|wire.SetCtime, func(f *dirtyFile, attr *wire.Attr) {
 		if f.attrs != nil {
 			// the write sets the times when it reaches the server, after a
 			// buffered utimes would: the times the write gives win
@@ -259,14 +269,14 @@ func (c *Client) buffer(ino ids.Ino, off uint64, data []byte) bool {
 		attr.Mtime = time.Now().UnixNano()
 		attr.Ctime = attr.Mtime
 	})
-	return ok
+	return attr != nil, bytes, err
 }
 
 // bufferAttr records an attribute change (req.Valid within bufferedAttrs)
 // if the client may keep it, the way the server would make it, and
 // returns the attributes it gives.
-func (c *Client) bufferAttr(req *wire.Request) (*wire.Attr, bool) {
-	return c.bufferChange(req.Ino, req.Valid|wire.SetCtime, func(f *dirtyFile, attr *wire.Attr) {
+func (c *Client) bufferAttr(ctx context.Context, req *wire.Request) (*wire.Attr, error) {
+	attr, _, err := c.bufferChange(ctx, req.Ino, req.Valid|wire.SetCtime, func(f *dirtyFile, attr *wire.Attr) {
 		if f.attrs == nil {
 			f.attrs = &wire.Request{Op: wire.OpSetAttr, Ino: req.Ino}
 		}
@@ -298,6 +308,7 @@ func (c *Client) bufferAttr(req *wire.Request) (*wire.Attr, bool) {
 		}
 		attr.Ctime = p.Ctime
 	})
+	return attr, err
 }
 
 // Flush sends ino's buffered writes to the server, concurrently (they are
@@ -308,19 +319,27 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	if f == nil {
 		return nil
 	}
+	wctx, cancel := c.opContext(ctx, false)
+	defer cancel()
 	if c.behind.busy(ino) {
-		f.mu.Lock()
+		if err := f.mu.lock(wctx); err != nil {
+			return c.softErr(ctx, err)
+		}
 		sent, err := c.flushWithCreate(ctx, ino, f)
-		f.mu.Unlock()
+		f.mu.unlock()
 		if sent {
 			return err
 		}
 	}
 	// a file created behind the caller: its writes go after its create
 	// (they are sent without waitFor, several at once)
-	c.behind.wait(ino)
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	if err := c.behind.wait(wctx, ino); err != nil {
+		return c.softErr(ctx, err)
+	}
+	if err := f.mu.lock(wctx); err != nil {
+		return c.softErr(ctx, err)
+	}
+	defer f.mu.unlock()
 	reqs := packWrites(ino, f.extents())
 	defer releaseWrites(reqs)
 	attrs := f.attrs
@@ -785,7 +804,10 @@ func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Requ
 // FlushAll flushes every dirty file, after the changes sent behind the
 // caller; it returns the first failure, after trying every file.
 func (c *Client) FlushAll(ctx context.Context) error {
-	c.behind.waitAll()
+	if err := c.waitBehind(ctx, c.behind.waitAll); err != nil {
+		c.log.Warn("changes sent behind the caller not at the server", "err", err)
+		return fmt.Errorf("changes sent behind: %w", err)
+	}
 	c.wb.mu.Lock()
 	inos := make([]ids.Ino, 0, len(c.wb.files))
 	for ino := range c.wb.files {
@@ -808,11 +830,11 @@ func (c *Client) flushOld(ctx context.Context) {
 	c.wb.mu.Lock()
 	var old []ids.Ino
 	for ino, f := range c.wb.files {
-		if f.mu.TryLock() {
+		if f.mu.tryLock() {
 			if f.dirty() && time.Since(f.since) > flushAge {
 				old = append(old, ino)
 			}
-			f.mu.Unlock()
+			f.mu.unlock()
 		}
 	}
 	c.wb.mu.Unlock()
@@ -833,7 +855,7 @@ func (c *Client) reclaim(ctx context.Context) {
 	reclaim := func(ctx context.Context, ino ids.Ino, f *dirtyFile) {
 		c.reclaimFile(ctx, ino, f, nil)
 		c.retire(ino, f)
-		f.mu.Unlock()
+		f.mu.unlock()
 	}
 	for ino, f := range files {
 		if c.behind.busy(ino) {
@@ -841,11 +863,12 @@ func (c *Client) reclaim(ctx context.Context) {
 			// the very batch whose NACK this recovery answers: reclaim
 			// once it reached the server, not waiting for it here
 			go func() {
-				c.behind.wait(ino)
-				f.mu.Lock()
-				reclaim(context.Background(), ino, f)
+				ctx := context.Background()
+				_ = c.behind.wait(ctx, ino)
+				_ = f.mu.lock(ctx)
+				reclaim(ctx, ino, f)
 			}()
-		} else if f.mu.TryLock() {
+		} else if f.mu.tryLock() {
 			reclaim(ctx, ino, f)
 		}
 	}
@@ -872,7 +895,10 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, req
 		r.Flags |= wire.WriteIfVersion
 		r.Version = version
 		var rep *wire.Reply
-		rep, err = c.callWith(ctx, r, nil, true)
+		// Not waiting for changes sent behind (callWith): this may run
+		// on their sender, after a NACK. Whoever reclaims the file
+		// waited for its own changes behind first.
+		rep, err = c.send(ctx, r, nil, true, nil, 0)
 		if errors.Is(err, errRecovered) && nacks < maxReclaimNacks {
 			// NACKed again (in a cluster a failover can take a few
 			// servers): the version check alone keeps the reclaim safe
@@ -891,13 +917,13 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, req
 		// version is still the one it was based on.
 		if len(reqs) == 0 {
 			var rep *wire.Reply
-			if rep, err = c.callWith(ctx, &wire.Request{Op: wire.OpGetAttr, Ino: ino}, nil, true); err == nil &&
+			if rep, err = c.send(ctx, &wire.Request{Op: wire.OpGetAttr, Ino: ino}, nil, true, nil, 0); err == nil &&
 				(rep.Attr == nil || rep.Attr.Version != version) {
 				err = fmt.Errorf("the file changed at the server meanwhile")
 			}
 		}
 		if err == nil {
-			_, err = c.callWith(ctx, f.attrs, nil, true)
+			_, err = c.send(ctx, f.attrs, nil, true, nil, 0)
 		}
 	}
 	if c.removedWhileDirty(ino, f, err) {

@@ -2,6 +2,7 @@ package client
 
 import (
 	"bytes"
+	"context"
 	"math/rand/v2"
 	"testing"
 
@@ -189,21 +190,22 @@ func TestRetireKeepsNewerChanges(t *testing.T) {
 	c := &Client{cache: cache.New(10)}
 	c.cache.Granted(wire.Grant{Ino: ino, Mode: wire.LockExclusive, Seq: 1})
 	c.cache.SetAttr(&wire.Attr{Ino: ino, Mode: 0o100644, Change: 1})
-	first := c.wb.lockFile(ino) // a flush sends it...
+	ctx := context.Background()
+	first, _ := c.wb.lockFile(ctx, ino) // a flush sends it...
 	c.retire(ino, first)
-	first.mu.Unlock()
-	next := c.wb.lockFile(ino) // ...and a chmod is buffered since
+	first.mu.unlock()
+	next, _ := c.wb.lockFile(ctx, ino) // ...and a chmod is buffered since
 	c.cache.SetLocal(&wire.Attr{Ino: ino, Mode: 0o600}, wire.SetMode)
-	next.mu.Unlock()
-	first.mu.Lock() // the flush that waited for the first
+	next.mu.unlock()
+	_ = first.mu.lock(ctx) // the flush that waited for the first
 	c.retire(ino, first)
-	first.mu.Unlock()
+	first.mu.unlock()
 	if a, _ := c.cache.Attr(ino); a == nil || a.Mode&0o777 != 0o600 {
 		t.Fatalf("the chmod buffered after the first flush is gone from the cache: %+v", a)
 	}
-	next.mu.Lock()
+	_ = next.mu.lock(ctx)
 	c.retire(ino, next) // its own flush
-	next.mu.Unlock()
+	next.mu.unlock()
 	if c.cache.LocalFields(ino) != 0 {
 		t.Fatal("buffered attributes kept after their flush")
 	}
