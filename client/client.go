@@ -713,7 +713,9 @@ func (c *Client) onCallback(ctx context.Context, body []byte) []byte {
 		}
 		c.mu.Unlock()
 		// Removals sent behind, and buffered writes, reach the server
-		// before the lock goes: the next holder must see them.
+		// before the lock goes: the next holder must see them. (A flush
+		// the server refuses fails the file, not this acknowledgement:
+		// Flush.)
 		if err := c.behind.wait(ctx, cb.Ino); err != nil {
 			return wire.ErrorReply(wire.Errf(wire.CodeIO, "changes sent behind before revocation: %v", err)).Append(nil)
 		}

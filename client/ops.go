@@ -202,6 +202,9 @@ func grants(rep *wire.Reply, ino ids.Ino) bool {
 // SetAttr changes attributes; req carries Valid and the values. A change
 // of mode, owner or times is buffered like a write under an X lock.
 func (c *Client) SetAttr(ctx context.Context, req *wire.Request) (*wire.Attr, error) {
+	if req.Valid&wire.SetSize != 0 && req.Size > wire.MaxFileSize {
+		return nil, wire.Errf(wire.CodeTooBig, "size %d: files end at %d", req.Size, uint64(wire.MaxFileSize))
+	}
 	if req.Valid != 0 && req.Valid&^bufferedAttrs == 0 {
 		if a, err := c.bufferAttr(ctx, req); a != nil || err != nil {
 			return a, err

@@ -153,6 +153,11 @@ func (c *Client) LostGen(ino ids.Ino) uint64 {
 // logs are what O_APPEND is for.
 func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte, appendMode bool) error {
 	if !appendMode {
+		// what no server takes is refused now, not when a flush of it
+		// fails long after this write returned
+		if n, err := WriteFits(off, len(data)); err != nil || n < len(data) {
+			return cmp.Or(err, wire.Errf(wire.CodeTooBig, "a write of %d bytes at %d ends past %d", len(data), off, uint64(wire.MaxFileSize)))
+		}
 		buffered, fileBytes, err := c.buffer(ctx, ino, off, data)
 		if err != nil {
 			return err
@@ -190,6 +195,20 @@ func (c *Client) changingData(ino ids.Ino) func() {
 		c.cache.EndChange(ino)
 		c.mu.Unlock()
 	}
+}
+
+// WriteFits returns how many of n bytes written at off fit in a file
+// (wire.MaxFileSize, the largest the server takes), or EFBIG if none do: a
+// write must be cut short there, as the kernel does at a file system's
+// limit (it does not know this one: FUSE sets none).
+func WriteFits(off uint64, n int) (int, error) {
+	if n == 0 {
+		return 0, nil
+	}
+	if off >= wire.MaxFileSize {
+		return 0, wire.Errf(wire.CodeTooBig, "a write at %d: files end at %d", off, uint64(wire.MaxFileSize))
+	}
+	return int(min(uint64(n), wire.MaxFileSize-off)), nil
 }
 
 // bufferChange records a change of ino in its dirty file if the client
@@ -314,6 +333,14 @@ func (c *Client) bufferAttr(ctx context.Context, req *wire.Request) (*wire.Attr,
 // Flush sends ino's buffered writes to the server, concurrently (they are
 // disjoint: their order does not matter), then its buffered attribute
 // change.
+//
+// A change the server refuses (wire.Error: a file too large for it, a
+// full disk, a create sent behind that failed) fails the file, not the
+// flush's caller: its buffered changes are dropped and reported lost
+// (loseFile), and the file's next fsync or close returns EIO. The flush
+// then returns nil, so a revocation is acknowledged and the client keeps
+// its session and its other files' changes. Only the loss of the server
+// (what can be sent again later) fails it.
 func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	f := c.wb.file(ino, false)
 	if f == nil {
@@ -359,18 +386,58 @@ func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
 	if c.removedWhileDirty(ino, f, err) {
 		err = nil
 	}
-	if err != nil {
-		if !errors.Is(err, errRecovered) {
-			return err
-		}
+	switch {
+	case err == nil:
+	case errors.Is(err, errRecovered):
 		// The server failed us while we flushed: what is left may only
 		// be reclaimed. The same requests go again: a server that finds
 		// one applied already (its server died before the reply came)
 		// answers it instead of refusing the version it moved on.
 		c.reclaimFile(ctx, ino, f, reqs)
+	case refused(err):
+		c.loseFile(ino, f, err)
+	default:
+		return err // kept, to be sent again
 	}
 	c.retire(ino, f)
 	return nil
+}
+
+// refused reports whether the server answered a flushed change with an
+// error: sending it again would only get the same answer. (A NACK, a
+// redirect or a server that cannot serve never gets here: send handles
+// them.) A server that is closing (interrupted) or asks to try again did
+// not refuse the change.
+func refused(err error) bool {
+	var we *wire.Error
+	if !errors.As(err, &we) {
+		return false // the server was not reached, or not in time
+	}
+	switch we.Code {
+	case wire.CodeAgain, wire.CodeInterrupted, wire.CodeNack, wire.CodeRedirect, wire.CodeUnavailable:
+		return false
+	}
+	return true
+}
+
+// loseFile drops f's buffered changes, which the server refused with err,
+// and everything cached that they made (the file's size and pages): the
+// file's next fsync or close on every handle returns EIO. Called with f.mu
+// held, before f is retired.
+func (c *Client) loseFile(ino ids.Ino, f *dirtyFile, err error) {
+	c.Counters.DataLost.Add(1)
+	c.wb.mu.Lock()
+	c.wb.lost[ino]++
+	c.wb.mu.Unlock()
+	c.mu.Lock()
+	c.cache.DropData(ino)
+	c.cache.InvalidateAttr(ino)
+	c.mu.Unlock()
+	// the kernel's size and pages came from the lost writes; the flush may
+	// run for a FUSE request holding the kernel's locks (a read of it)
+	c.invalidateLater(ino)
+	c.log.Error("DATA LOST: the server refused a file's buffered changes; "+
+		"the next fsync or close of the file returns EIO", "path", c.PathOf(ino), "ino", ino, "bytes", f.bytes, "err", err)
 }
 
 // flushWithCreate sends f's changes, if they make one write, in one batch
@@ -416,6 +483,8 @@ func (c *Client) flushWithCreate(ctx context.Context, ino ids.Ino, f *dirtyFile)
 		// sent again after a NACK, and the file changed meanwhile:
 		// the reclaim finds so too, and reports the data lost
 		c.reclaimFile(ctx, ino, f, reqs)
+	case refused(err):
+		c.loseFile(ino, f, err)
 	default:
 		return true, err
 	}

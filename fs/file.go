@@ -50,7 +50,16 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 // writes go to the end as the server sees it, so appends from several
 // clients never overwrite each other.
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
-	if err := h.n.c.Write(ctx, h.n.ino(), uint64(off), data, h.flags&syscall.O_APPEND != 0); err != nil {
+	appendMode := h.flags&syscall.O_APPEND != 0
+	if !appendMode {
+		// cut short at the largest file, or EFBIG past it
+		n, err := client.WriteFits(uint64(off), len(data))
+		if err != nil {
+			return 0, toErrno(err)
+		}
+		data = data[:n]
+	}
+	if err := h.n.c.Write(ctx, h.n.ino(), uint64(off), data, appendMode); err != nil {
 		return 0, toErrno(err)
 	}
 	return uint32(len(data)), 0

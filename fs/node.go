@@ -354,6 +354,9 @@ var _ = (gofs.NodeAllocater)((*Node)(nil))
 // has nothing else to do.
 func (n *Node) Allocate(ctx context.Context, f gofs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
 	const keepSize = 1 // FALLOC_FL_KEEP_SIZE
+	if end := off + size; end < off || end > wire.MaxFileSize {
+		return syscall.EFBIG // as the kernel's own check against a limit it knew
+	}
 	switch mode {
 	case keepSize:
 		return 0

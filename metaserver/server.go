@@ -51,6 +51,10 @@ type Config struct {
 	// grace of τ(1+δ), so keep it well above T.
 	IdleRelease time.Duration
 	AntiEntropy time.Duration // how often replicas compare themselves with their peers
+	// MaxFileSize, if not zero, is the largest file the server takes, below
+	// the protocol's wire.MaxFileSize, which mounts check for themselves
+	// (tests: a mount flushing buffered writes the server refuses).
+	MaxFileSize uint64
 	// Identity, if set, is the cluster identity the server must use (a
 	// server joining a cluster): a fresh data directory takes it, one that
 	// holds another cluster's identity refuses to start (ErrOtherCluster).
@@ -94,6 +98,8 @@ func (c *Config) Validate() error {
 		return errors.New("metaserver: clock drift must be in [0, 1)")
 	case c.DeliveryTimeout <= 0 || c.DeliveryTimeout >= c.ClientLease:
 		return errors.New("metaserver: delivery timeout must be positive and shorter than the client lease")
+	case c.MaxFileSize > wire.MaxFileSize:
+		return fmt.Errorf("metaserver: largest file size must not exceed %d", uint64(wire.MaxFileSize))
 	}
 	if !c.clustered() {
 		return nil
@@ -172,7 +178,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(), warns: ratelog.New(),
 		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}, purging: map[ids.Ino]struct{}{}}
-	opts := StoreOptions{ServerID: cfg.ServerID, Logger: cfg.Logger}
+	opts := StoreOptions{ServerID: cfg.ServerID, Logger: cfg.Logger, MaxFileSize: cfg.MaxFileSize}
 	if cfg.clustered() {
 		s.cl = newClusterState(s)
 		opts.OwnerEpoch = s.cl.ownerEpoch

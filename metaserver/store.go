@@ -55,8 +55,9 @@ const (
 	// one page, not more (4 KiB, the kernel's page and the unit of
 	// random I/O).
 	PageSize = 4 << 10
-	// MaxFileSize bounds file sizes (page indexes stay far from overflow).
-	MaxFileSize = 1 << 60
+	// MaxFileSize bounds file sizes (page indexes stay far from overflow);
+	// Config.MaxFileSize may set a lower bound.
+	MaxFileSize = wire.MaxFileSize
 	// NameMax is the longest name in bytes.
 	NameMax = 255
 	// XattrNameMax and XattrSizeMax are Linux's limits.
@@ -172,6 +173,9 @@ type StoreOptions struct {
 	// operation that creates it runs (outside any transaction); an error
 	// fails the operation. A cluster server acquires the new inode here.
 	OnAllocIno func(ino ids.Ino) error
+	// MaxFileSize, if not zero, is the largest file size taken, below
+	// MaxFileSize.
+	MaxFileSize uint64
 	// NoOrphanPurge skips the purge of unlinked inodes at open: in a
 	// cluster the records are replicated and only an inode's owner may
 	// delete them.
@@ -224,6 +228,7 @@ type storeCore struct {
 	repl        func([]Write) error
 	uncommitted func([]Write)
 	onAlloc     func(ids.Ino) error
+	maxSize     uint64 // the largest file size taken
 
 	// changeMu serialises changes recorded with the same inode (striped;
 	// see update).
@@ -255,7 +260,10 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		log = slog.Default()
 	}
 	s := &Store{storeCore: &storeCore{log: log, server: opts.ServerID, dir: dir, onCommit: opts.OnCommit,
-		stop: make(chan struct{}), done: make(chan struct{})}}
+		maxSize: MaxFileSize, stop: make(chan struct{}), done: make(chan struct{})}}
+	if opts.MaxFileSize != 0 {
+		s.maxSize = min(opts.MaxFileSize, MaxFileSize)
+	}
 	bopts := badger.DefaultOptions("")
 	if opts.InMemory {
 		s.dir = ""

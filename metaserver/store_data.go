@@ -155,13 +155,14 @@ func (s *Store) Append(ino ids.Ino, data []byte, in SetAttrIn, now int64) (Attr,
 	return s.writeSetAttr(ino, func(size uint64) []wire.Span { return SpanAt(size, data) }, data, in, now)
 }
 
-// checkSpans checks that spans fit in a file and hold data.
-func checkSpans(spans []wire.Span, data []byte) error {
+// checkSpans checks that spans fit in a file of at most maxSize bytes and
+// hold data.
+func checkSpans(spans []wire.Span, data []byte, maxSize uint64) error {
 	total := 0
 	for _, sp := range spans {
 		total += int(sp.Len)
-		if end := sp.Off + uint64(sp.Len); end < sp.Off || end > MaxFileSize {
-			return wire.Errf(wire.CodeTooBig, "write past %d", uint64(MaxFileSize))
+		if end := sp.Off + uint64(sp.Len); end < sp.Off || end > maxSize {
+			return wire.Errf(wire.CodeTooBig, "write past %d", maxSize)
 		}
 	}
 	if total != len(data) {
@@ -186,7 +187,7 @@ func (s *Store) writeSetAttr(ino ids.Ino, spansAt func(size uint64) []wire.Span,
 			return err
 		}
 		spans := spansAt(n.Size)
-		if err := checkSpans(spans, data); err != nil {
+		if err := checkSpans(spans, data, s.maxSize); err != nil {
 			return err
 		}
 		if len(data) == 0 && in.Valid == 0 {

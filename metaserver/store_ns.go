@@ -146,7 +146,7 @@ func (s *Store) GetAttr(ino ids.Ino) (Attr, error) {
 // takes several transactions, each leaving a valid shorter file.
 func (s *Store) SetAttr(ino ids.Ino, in SetAttrIn, now int64) (Attr, error) {
 	if in.Valid&wire.SetSize != 0 {
-		if in.Size > MaxFileSize {
+		if in.Size > s.maxSize {
 			return Attr{}, wire.Errf(wire.CodeTooBig, "size %d", in.Size)
 		}
 		if err := s.shrink(ino, in.Size, now); err != nil {

@@ -24,6 +24,10 @@ const (
 	MaxList    = 64 << 10
 	MaxSpans   = 1024    // ranges of one vectored write
 	MaxOpens   = 1 << 20 // handles of one file a client reports at once
+	// MaxFileSize is the largest file size a server takes; a mount refuses
+	// a write, truncation or allocation past it at once (EFBIG), as it
+	// would fail only when buffered writes were flushed.
+	MaxFileSize = 1 << 60
 )
 
 var (

@@ -137,6 +137,8 @@ func runServe(argv []string) error {
 			fs.DurationVar(&f.cfg.AntiEntropy, "anti-entropy", f.cfg.AntiEntropy, "how often a server compares its replica with its peers and catches up")
 			fs.StringVar(&f.peerFlt, "peer-faults", "", "inject faults on the links to the other servers only, e.g. none or drop=0.1;\nPOST /api/peer-cut?on=1 on the admin endpoint then cuts them (testing only)")
 			_ = fs.MarkHidden("peer-faults")
+			fs.Uint64Var(&f.cfg.MaxFileSize, "max-file-size", 0, "largest file the server takes, in bytes, below the protocol's (testing only: mounts do not know it)")
+			_ = fs.MarkHidden("max-file-size")
 			_ = fs.MarkHidden("idle-release")
 			_ = fs.MarkHidden("anti-entropy")
 			fs.IntVar(&f.cpus, "cpus", 0, "CPUs the server's work may use at once (Go's GOMAXPROCS); 0: follow the load, one CPU\n"+
