@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"syscall"
 	"time"
@@ -49,6 +50,9 @@ func (c *Client) unsent(ino ids.Ino) bool {
 // Lookup finds name in parent, from the cache when locks cover the entry
 // and the child's attributes.
 func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (*wire.Attr, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	if attr, negative, ok := c.lookupCached(parent, name); ok {
 		if negative {
 			return nil, wire.Err(wire.CodeNotFound)
@@ -156,6 +160,9 @@ func entryChanged(ch *cache.Cache, dir ids.Ino, name string, child ids.Ino, dirA
 
 // createCall runs a create-like request and caches the new entry.
 func (c *Client) createCall(ctx context.Context, req *wire.Request) (*wire.Attr, error) {
+	if err := checkName(req.Name); err != nil {
+		return nil, err
+	}
 	openedLocally := false
 	rep, err := c.call(ctx, req, func(ch *cache.Cache, rep *wire.Reply) {
 		if rep.Code == wire.CodeOK && rep.Attr != nil {
@@ -259,6 +266,9 @@ func (c *Client) Readlink(ctx context.Context, ino ids.Ino) (string, error) {
 
 // Link adds a hard link to ino.
 func (c *Client) Link(ctx context.Context, ino, newParent ids.Ino, name string) (*wire.Attr, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	rep, err := c.call(ctx, &wire.Request{Op: wire.OpLink, Ino: ino, NewPar: newParent, Name: name},
 		func(ch *cache.Cache, rep *wire.Reply) {
 			if rep.Code == wire.CodeOK {
@@ -279,6 +289,9 @@ func (c *Client) Link(ctx context.Context, ino, newParent ids.Ino, name string) 
 
 // Unlink removes a non-directory entry.
 func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
 	child, _ := c.Lookup(ctx, parent, name)
 	if child != nil {
 		if ok, err := c.removeBehind(ctx, parent, name, child, wire.OpUnlink); ok || err != nil {
@@ -320,6 +333,9 @@ func (c *Client) removing(req *wire.Request, ino ids.Ino) func() {
 
 // Rmdir removes an empty directory.
 func (c *Client) Rmdir(ctx context.Context, parent ids.Ino, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
 	req := &wire.Request{Op: wire.OpRmdir, Parent: parent, Name: name}
 	if child, _, ok := c.lookupCached(parent, name); ok && child != nil {
 		if ok, err := c.removeBehind(ctx, parent, name, child, wire.OpRmdir); ok || err != nil {
@@ -343,6 +359,9 @@ func (c *Client) Rmdir(ctx context.Context, parent ids.Ino, name string) error {
 
 // Rename moves an entry, replacing an existing target as POSIX says.
 func (c *Client) Rename(ctx context.Context, parent ids.Ino, name string, newParent ids.Ino, newName string, flags uint32) error {
+	if err := cmp.Or(checkName(name), checkName(newName)); err != nil {
+		return err
+	}
 	moved, _ := c.Lookup(ctx, parent, name)
 	target, _ := c.Lookup(ctx, newParent, newName)
 	const renameExchange = 2 // RENAME_EXCHANGE
@@ -536,6 +555,9 @@ func (c *Client) Fsync(ctx context.Context, ino ids.Ino) error {
 // lock (its absence too: the kernel asks for security.selinux and
 // system.posix_acl_access at every ls -l).
 func (c *Client) GetXattr(ctx context.Context, ino ids.Ino, name string) ([]byte, error) {
+	if err := checkXattrName(name); err != nil {
+		return nil, err
+	}
 	var v []byte
 	if c.cached(func(ch *cache.Cache) (ok bool) {
 		v, ok = ch.Xattr(ino, name)
@@ -580,6 +602,9 @@ func (c *Client) flushMode(ctx context.Context, ino ids.Ino) error {
 // SetXattr sets an extended attribute, after this mount's buffered changes
 // of the inode (the server applies them in the order they were made).
 func (c *Client) SetXattr(ctx context.Context, ino ids.Ino, name string, value []byte, flags uint32) error {
+	if err := checkXattrName(name); err != nil {
+		return err
+	}
 	if err := c.Flush(ctx, ino); err != nil {
 		return err
 	}
@@ -621,6 +646,9 @@ func (c *Client) ListXattr(ctx context.Context, ino ids.Ino) ([]string, error) {
 // RemoveXattr removes an extended attribute, after this mount's buffered
 // changes of the inode.
 func (c *Client) RemoveXattr(ctx context.Context, ino ids.Ino, name string) error {
+	if err := checkXattrName(name); err != nil {
+		return err
+	}
 	if err := c.Flush(ctx, ino); err != nil {
 		return err
 	}
@@ -669,4 +697,28 @@ func (c *Client) AttrTTL(ino ids.Ino) time.Duration {
 		return true
 	})
 	return ttl
+}
+
+// NameMax and XattrNameMax are Linux's limits on a name in a directory and
+// an extended attribute's name: the client answers for names its cache
+// could otherwise answer wrongly (a directory it holds whole has no entry
+// of 300 bytes, but that is ENAMETOOLONG, not ENOENT).
+const (
+	NameMax      = 255
+	XattrNameMax = 255
+)
+
+func checkName(name string) error {
+	if len(name) > NameMax {
+		return wire.Errf(wire.CodeNameTooLong, "name of %d bytes", len(name))
+	}
+	return nil
+}
+
+// checkXattrName: Linux answers ERANGE for an empty or too long name.
+func checkXattrName(name string) error {
+	if name == "" || len(name) > XattrNameMax {
+		return wire.Errf(wire.CodeRange, "xattr name of %d bytes", len(name))
+	}
+	return nil
 }

@@ -36,6 +36,9 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		// whose kernel caches it must drop.
 		ExternalNodeID: true,
 		RootStableAttr: &gofs.StableAttr{Ino: uint64(ids.RootIno)},
+		// Modes as stored: without this go-fuse serves a mode with no
+		// permission bits (chmod 000) as 0644 or 0755.
+		NullPermissions: true,
 		MountOptions: fuse.MountOptions{
 			FsName:             "leasefs",
 			Name:               "leasefs",

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -52,5 +53,82 @@ func TestPermissions(t *testing.T) {
 	}
 	if st.Mode().Perm() != 0o644 {
 		t.Fatalf("mode %v, want 0644 (the creator's umask, no server umask)", st.Mode().Perm())
+	}
+}
+
+// asUser runs a command as uid and gid, with no other groups.
+func asUser(uid int, args ...string) (string, error) {
+	id := strconv.Itoa(uid)
+	cmd := exec.Command("setpriv", append([]string{"--reuid=" + id, "--regid=" + id, "--clear-groups"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+const nobody = 65534
+
+// needOtherUsers skips a test that acts as another user when it cannot.
+func needOtherUsers(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to act as another user")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("no setpriv")
+	}
+}
+
+// reachable lets other users reach dir: t.TempDir's directories are 0700.
+func reachable(t *testing.T, dir string) {
+	t.Helper()
+	for d := dir; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		must(t, os.Chmod(d, 0o755))
+	}
+}
+
+func modeOf(t *testing.T, p string) uint32 {
+	t.Helper()
+	var st syscall.Stat_t
+	must(t, syscall.Stat(p, &st))
+	return st.Mode &^ syscall.S_IFMT
+}
+
+// TestModeZero: a file or directory with no permission bits is closed to
+// everyone but root, on every mount. go-fuse served such a mode as 0644 or
+// 0755, and default_permissions let any user read the file.
+func TestModeZero(t *testing.T) {
+	needOtherUsers(t)
+	s := startServer(t)
+	m1 := startMount(t, s)
+	m2 := startMount(t, s)
+	reachable(t, m1.dir)
+	reachable(t, m2.dir)
+	must(t, os.WriteFile(filepath.Join(m1.dir, "s"), []byte("secret"), 0o644))
+	must(t, os.Chmod(filepath.Join(m1.dir, "s"), 0))
+	must(t, os.Mkdir(filepath.Join(m1.dir, "d"), 0o755))
+	must(t, os.WriteFile(filepath.Join(m1.dir, "d", "in"), []byte("inside"), 0o644))
+	must(t, os.Chmod(filepath.Join(m1.dir, "d"), 0))
+	fd, err := syscall.Open(filepath.Join(m1.dir, "c"), syscall.O_CREAT|syscall.O_WRONLY, 0)
+	must(t, err)
+	syscall.Close(fd)
+	must(t, syscall.Mkdir(filepath.Join(m1.dir, "md"), 0))
+	for _, m := range []*mount{m1, m2} {
+		for _, name := range []string{"s", "d", "c", "md"} {
+			if mode := modeOf(t, filepath.Join(m.dir, name)); mode != 0 {
+				t.Errorf("%s: mode %#o, want 0", filepath.Join(m.dir, name), mode)
+			}
+		}
+		if out, err := asUser(nobody, "cat", filepath.Join(m.dir, "s")); err == nil || !strings.Contains(out, "Permission denied") {
+			t.Errorf("nobody read a mode 000 file on %s: %v %q", m.dir, err, out)
+		}
+		if out, err := asUser(nobody, "ls", filepath.Join(m.dir, "d")); err == nil || !strings.Contains(out, "Permission denied") {
+			t.Errorf("nobody listed a mode 000 directory on %s: %v %q", m.dir, err, out)
+		}
+		if out, err := asUser(nobody, "cat", filepath.Join(m.dir, "d", "in")); err == nil || !strings.Contains(out, "Permission denied") {
+			t.Errorf("nobody went through a mode 000 directory on %s: %v %q", m.dir, err, out)
+		}
+		// root may, as on any file system
+		if b, err := os.ReadFile(filepath.Join(m.dir, "s")); err != nil || string(b) != "secret" {
+			t.Errorf("root reads a mode 000 file on %s: %v %q", m.dir, err, b)
+		}
 	}
 }
