@@ -160,3 +160,22 @@ func (c *Cache) ModeChanged(ino ids.Ino) {
 	}
 	c.touch(e)
 }
+
+// Capability is the extended attribute that holds a file's capabilities,
+// which every write drops at the server (as Linux does).
+const Capability = "security.capability"
+
+// Written forgets ino's cached file capabilities: this mount wrote to it,
+// and the write drops them when it reaches the server. That the file has
+// none stays true. A reply to a request sent before is not cached.
+func (c *Cache) Written(ino ids.Ino) {
+	e := c.inodes[ino]
+	if e == nil || e.xattrs == nil {
+		return
+	}
+	x := e.xattrs
+	if v, ok := x.vals[Capability]; ok && v != nil || x.listed && slices.Contains(x.names, Capability) {
+		c.dropXattrs(e)
+		c.touch(e)
+	}
+}

@@ -197,7 +197,7 @@ func TestEvictedLockNotRegranted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Write(ctx, x.Ino, 0, []byte("v1"), false); err != nil {
+	if _, err := b.Write(ctx, x.Ino, 0, []byte("v1"), false, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Flush(ctx, x.Ino); err != nil {
@@ -251,7 +251,7 @@ func TestEvictedLockNotRegranted(t *testing.T) {
 		t.Fatal("the release was never answered")
 	}
 	// B changes x; the server revokes nothing from A, which let x go.
-	if err := b.Write(ctx, x.Ino, 0, []byte("version 2"), false); err != nil {
+	if _, err := b.Write(ctx, x.Ino, 0, []byte("version 2"), false, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Flush(ctx, x.Ino); err != nil {

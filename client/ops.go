@@ -568,10 +568,17 @@ func (c *Client) GetXattr(ctx context.Context, ino ids.Ino, name string) ([]byte
 		}
 		return v, nil
 	}
-	if name == cache.ACLAccess {
+	switch name {
+	case cache.ACLAccess:
 		// the server's access ACL follows the mode: a chmod this mount
 		// holds back goes first
 		if err := c.flushMode(ctx, ino); err != nil {
+			return nil, err
+		}
+	case cache.Capability:
+		// a write this mount holds back drops the file's capabilities
+		// when it reaches the server: it goes first
+		if err := c.Flush(ctx, ino); err != nil {
 			return nil, err
 		}
 	}

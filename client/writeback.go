@@ -145,40 +145,64 @@ func (c *Client) LostGen(ino ids.Ino) uint64 {
 	return c.wb.lost[ino]
 }
 
+// killedMode is mode as a write by a caller without CAP_FSETID leaves it,
+// as the server makes it (wire.SetKillSuidgid): no setuid, and no setgid
+// with group execute.
+func killedMode(mode uint32) uint32 {
+	mode &^= syscall.S_ISUID
+	if mode&syscall.S_IXGRP != 0 {
+		mode &^= syscall.S_ISGID
+	}
+	return mode
+}
+
 // Write writes data at off, or at the end of the file in appendMode. Under
 // an X lock with a valid lease and cached attributes it only buffers;
 // otherwise it writes through, and the reply's grant lets the next write
 // buffer. Appends always write through: buffered, they could only be
 // reclaimed after a NACK if nobody else had appended meanwhile, and shared
-// logs are what O_APPEND is for.
-func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte, appendMode bool) error {
+// logs are what O_APPEND is for. killSuidgid, for a writer without
+// CAP_FSETID (the kernel's FUSE_WRITE_KILL_SUIDGID), clears setuid and
+// setgid as the write changes the file (killedMode); Write reports whether
+// that may have changed the mode (the kernel's copy is then stale).
+func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte, appendMode, killSuidgid bool) (modeChanged bool, err error) {
 	if !appendMode {
 		// what no server takes is refused now, not when a flush of it
 		// fails long after this write returned
 		if n, err := WriteFits(off, len(data)); err != nil || n < len(data) {
-			return cmp.Or(err, wire.Errf(wire.CodeTooBig, "a write of %d bytes at %d ends past %d", len(data), off, uint64(wire.MaxFileSize)))
+			return false, cmp.Or(err, wire.Errf(wire.CodeTooBig, "a write of %d bytes at %d ends past %d", len(data), off, uint64(wire.MaxFileSize)))
 		}
-		buffered, fileBytes, err := c.buffer(ctx, ino, off, data)
+		buffered, fileBytes, killed, err := c.buffer(ctx, ino, off, data, killSuidgid)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if buffered {
 			if fileBytes >= flushThreshold || c.wb.total.Load() >= DirtyBudget {
-				return c.Flush(ctx, ino)
+				return killed, c.Flush(ctx, ino)
 			}
-			return nil
+			return killed, nil
 		}
 	}
 	if err := c.Flush(ctx, ino); err != nil {
-		return err
+		return false, err
 	}
 	req := &wire.Request{Op: wire.OpWrite, Ino: ino, Off: off, Data: data}
 	if appendMode {
 		req.Flags = wire.WriteAppend
 	}
+	if killSuidgid {
+		// the server clears them in the write's transaction
+		req.Valid = wire.SetKillSuidgid
+		c.withCache(func(ch *cache.Cache) {
+			a, ok := ch.Attr(ino)
+			modeChanged = !ok || a.Mode != killedMode(a.Mode)
+		})
+	}
 	defer c.changingData(ino)()
-	_, err := c.Call(ctx, req)
-	return err
+	_, err = c.Call(ctx, req)
+	// the server dropped the file's capabilities with the write
+	c.withCache(func(ch *cache.Cache) { ch.Written(ino) })
+	return modeChanged, err
 }
 
 // changingData brackets a change of ino's data sent to the server: no page
@@ -271,10 +295,17 @@ func (c *Client) retire(ino ids.Ino, f *dirtyFile) {
 	c.wb.retire(ino, f)
 }
 
-// buffer records a write if the client may keep it, and returns the bytes
-// its file then buffers.
-func (c *Client) buffer(ctx context.Context, ino ids.Ino, off uint64, data []byte) (bool, int, error) {
-	attr, bytes, err := c.bufferChange(ctx, ino, wire.SetSize|wire.SetMtime|wire.SetCtime, func(f *dirtyFile, attr *wire.Attr) {
+// buffer records a write if the client may keep it, and with killSuidgid
+// the mode it leaves (Write); it returns the bytes its file then buffers
+// and whether it changed the mode.
+func (c *Client) buffer(ctx context.Context, ino ids.Ino, off uint64, data []byte, killSuidgid bool) (ok bool, fileBytes int, killed bool, err error) {
+	attr, fileBytes, err := c.bufferChange(ctx, ino, wire.SetSize|wire.SetMtime|wire.SetCtime, func(f *dirtyFile, attr *wire.Attr) {
+		if killSuidgid && killPrivs(f, attr) {
+			killed = true
+			c.cache.SetLocal(attr, wire.SetMode)
+		}
+		// the server drops file capabilities as the write reaches it
+		c.cache.Written(ino)
 		if f.attrs != nil {
 			// the write sets the times when it reaches the server, after a
 			// buffered utimes would: the times the write gives win
@@ -288,7 +319,7 @@ func (c *Client) buffer(ctx context.Context, ino ids.Ino, off uint64, data []byt
 		attr.Mtime = time.Now().UnixNano()
 		attr.Ctime = attr.Mtime
 	})
-	return attr != nil, bytes, err
+	return attr != nil, fileBytes, killed, err
 }
 
 // bufferAttr records an attribute change (req.Valid within bufferedAttrs)
@@ -328,6 +359,24 @@ func (c *Client) bufferAttr(ctx context.Context, req *wire.Request) (*wire.Attr,
 		attr.Ctime = p.Ctime
 	})
 	return attr, err
+}
+
+// killPrivs makes the change a write by a caller without CAP_FSETID makes
+// to the mode on the cached attributes attr and f's buffered changes, and
+// reports whether it changed the mode. Under the X lock the cached mode is
+// the file's: the change is buffered as the mode it gives.
+func killPrivs(f *dirtyFile, attr *wire.Attr) bool {
+	mode := killedMode(attr.Mode)
+	if mode == attr.Mode {
+		return false
+	}
+	attr.Mode = mode
+	if f.attrs == nil {
+		f.attrs = &wire.Request{Op: wire.OpSetAttr, Ino: attr.Ino}
+	}
+	f.attrs.Valid |= wire.SetMode
+	f.attrs.Mode = mode &^ syscall.S_IFMT
+	return true
 }
 
 // Flush sends ino's buffered writes to the server, concurrently (they are

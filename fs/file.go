@@ -48,7 +48,8 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 
 // Write buffers under an X lock or writes through (client.Write). O_APPEND
 // writes go to the end as the server sees it, so appends from several
-// clients never overwrite each other.
+// clients never overwrite each other. A writer without CAP_FSETID clears
+// setuid and setgid as it writes (the kernel says so with the write).
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	appendMode := h.flags&syscall.O_APPEND != 0
 	if !appendMode {
@@ -59,7 +60,16 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 		}
 		data = data[:n]
 	}
-	if err := h.n.c.Write(ctx, h.n.ino(), uint64(off), data, appendMode); err != nil {
+	kill := h.n.mnt.x.of(ctx).writeFlags&fuse.WRITE_KILL_SUIDGID != 0
+	changed, err := h.n.c.Write(ctx, h.n.ino(), uint64(off), data, appendMode, kill)
+	if changed {
+		// the kernel keeps the mode it had: a direct write changes
+		// only its size and times (offset -1: attributes only)
+		if srv := h.n.mnt.srv.Load(); srv != nil {
+			_ = srv.InodeNotify(uint64(h.n.ino()), -1, 0)
+		}
+	}
+	if err != nil {
 		return 0, toErrno(err)
 	}
 	return uint32(len(data)), 0

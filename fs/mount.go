@@ -22,7 +22,7 @@ type MountOptions struct {
 // Mount mounts the leasefs client c at dir and returns the running FUSE
 // server; the caller waits on it and unmounts it.
 func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
-	mnt := &mountState{owner: uint32(os.Geteuid())}
+	mnt := &mountState{owner: uint32(os.Geteuid()), x: &extras{}}
 	root := &Node{c: c, mnt: mnt}
 	// Zero timeouts until a data lock covers what the kernel caches: another
 	// client may change any entry or attribute at any moment. A reply sets
@@ -117,8 +117,13 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 	}
 	c.SetHooks(client.Hooks{Invalidate: invalidate, DropKernel: dropKernel, PathOf: pathOf})
 	before := fuseFDs()
-	srv, err := gofs.Mount(dir, root, opts)
+	raw := &rawFS{RawFileSystem: gofs.NewNodeFS(root, opts), x: mnt.x}
+	srv, err := fuse.NewServer(raw, dir, &opts.MountOptions)
 	if err != nil {
+		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
+	}
+	go srv.Serve()
+	if err := srv.WaitMount(); err != nil {
 		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
 	}
 	mnt.srv.Store(srv)

@@ -40,7 +40,8 @@ type mountState struct {
 	// and revocations may already run: hence atomic, as srv.
 	names atomic.Pointer[nameEpoch]
 	srv   atomic.Pointer[fuse.Server]
-	owner uint32 // the uid the mount runs as: it and root may read StatusXattr
+	owner uint32  // the uid the mount runs as: it and root may read StatusXattr
+	x     *extras // what the kernel sent with requests in flight
 }
 
 var _ = (gofs.NodeOnForgetter)((*Node)(nil))

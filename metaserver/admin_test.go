@@ -125,7 +125,7 @@ func TestAdminAPI(t *testing.T) {
 	if _, err := c1.Open(ctx, fa.Ino, syscall.O_RDWR|syscall.O_TRUNC); err != nil {
 		t.Fatal(err)
 	}
-	if err := c1.Write(ctx, fa.Ino, 0, []byte("hello"), false); err != nil {
+	if _, err := c1.Write(ctx, fa.Ino, 0, []byte("hello"), false, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c1.PosixLock(ctx, fa.Ino, wire.PosixLk{Flock: true, Type: syscall.F_WRLCK, Owner: 77, Pid: 1234}); err != nil {
@@ -257,7 +257,7 @@ func TestAdminAPI(t *testing.T) {
 		t.Errorf("no log line for the eviction")
 	}
 	// The other client proceeds meanwhile.
-	if err := c2.Write(ctx, fb.Ino, 0, []byte("other"), false); err != nil {
+	if _, err := c2.Write(ctx, fb.Ino, 0, []byte("other"), false, false); err != nil {
 		t.Fatalf("client 2 during eviction: %v", err)
 	}
 	// The evicted one recovers: NACK, new session after τ(1+δ), then works.

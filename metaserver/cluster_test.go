@@ -142,7 +142,7 @@ func (tc *testCluster) converge(within time.Duration) time.Duration {
 
 func writeSync(ctx context.Context, t *testing.T, c *client.Client, ino ids.Ino, off uint64, data []byte) {
 	t.Helper()
-	if err := c.Write(ctx, ino, off, data, false); err != nil {
+	if _, err := c.Write(ctx, ino, off, data, false, false); err != nil {
 		t.Fatalf("write at %d: %v", off, err)
 	}
 	if err := c.Fsync(ctx, ino); err != nil {
@@ -180,7 +180,7 @@ func TestClusterHandover(t *testing.T) {
 	}
 	writeSync(ctx, t, c1, a.Ino, 0, []byte("hello "))
 	// buffered but not fsynced: the hand-over's revocation must flush it
-	if err := c1.Write(ctx, a.Ino, 6, []byte("there "), false); err != nil {
+	if _, err := c1.Write(ctx, a.Ino, 6, []byte("there "), false, false); err != nil {
 		t.Fatal(err)
 	}
 
@@ -271,7 +271,7 @@ func TestClusterCrossedHandovers(t *testing.T) {
 		}()
 		go func() { // 2 wants f
 			defer wg.Done()
-			if errs[1] = c2.Write(ctx, f.Ino, 1, []byte{byte(i)}, false); errs[1] == nil {
+			if _, errs[1] = c2.Write(ctx, f.Ino, 1, []byte{byte(i)}, false, false); errs[1] == nil {
 				errs[1] = c2.Fsync(ctx, f.Ino)
 			}
 		}()
@@ -435,7 +435,7 @@ func TestClusterFailover(t *testing.T) {
 			mu.Lock()
 			off := uint64(len(acked))
 			mu.Unlock()
-			if err := c.Write(ctx, a.Ino, off, rec, false); err != nil {
+			if _, err := c.Write(ctx, a.Ino, off, rec, false, false); err != nil {
 				done <- fmt.Errorf("write %d: %w", i, err)
 				return
 			}

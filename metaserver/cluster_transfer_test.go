@@ -43,7 +43,7 @@ func writeBig(ctx context.Context, t *testing.T, c *client.Client, ino ids.Ino, 
 	t.Helper()
 	for off := 0; off < len(data); off += 1 << 20 {
 		untilAvailable(t, fmt.Sprintf("writing at %d", off), func() error {
-			if err := c.Write(ctx, ino, uint64(off), data[off:min(off+1<<20, len(data))], false); err != nil {
+			if _, err := c.Write(ctx, ino, uint64(off), data[off:min(off+1<<20, len(data))], false, false); err != nil {
 				return err
 			}
 			return c.Fsync(ctx, ino)

@@ -200,7 +200,7 @@ func TestDirtyBudget(t *testing.T) {
 	for off := 0; off < perFile; off += write {
 		for f, ino := range inos {
 			data[0], data[1] = byte(f), byte(off>>20)
-			if err := c.Write(ctx, ino, uint64(off), data, false); err != nil {
+			if _, err := c.Write(ctx, ino, uint64(off), data, false, false); err != nil {
 				t.Fatal(err)
 			}
 			most = max(most, c.Stats().DirtyBytes)
@@ -247,7 +247,7 @@ func TestRevocationWaitsForFlush(t *testing.T) {
 	data := make([]byte, write)
 	for off := 0; off < size; off += write {
 		data[0] = byte(off >> 20)
-		if err := w.Write(ctx, a.Ino, uint64(off), data, false); err != nil {
+		if _, err := w.Write(ctx, a.Ino, uint64(off), data, false, false); err != nil {
 			t.Fatal(err)
 		}
 	}

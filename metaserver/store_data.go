@@ -202,6 +202,9 @@ func (s *Store) writeSetAttr(ino ids.Ino, spansAt func(size uint64) []wire.Span,
 			n.Size = max(n.Size, last.Off+uint64(last.Len))
 			n.Version++
 			n.Mtime, n.Ctime = now, now
+			if err := tx.killCapability(ino); err != nil {
+				return err
+			}
 		}
 		if in.Valid != 0 {
 			n.setAttrs(in, now)
@@ -217,6 +220,24 @@ func (s *Store) writeSetAttr(ino ids.Ino, spansAt func(size uint64) []wire.Span,
 		_, err = s.update(write)
 	}
 	return a, err
+}
+
+// capabilityXattr holds a file's capabilities (setcap): privileges, like
+// setuid.
+const capabilityXattr = "security.capability"
+
+// killCapability removes the file capabilities of a file being written,
+// as Linux does whoever writes (security_inode_killpriv): the kernel does
+// it itself for writes through its page cache, truncates and fallocate,
+// not for a FUSE file's direct writes. A write the client buffered drops
+// them when it reaches the server.
+func (tx *Tx) killCapability(ino ids.Ino) error {
+	key := tx.keyStr(recXattr, ino, capabilityXattr)
+	ok, err := tx.get(key, nil)
+	if err != nil || !ok {
+		return err
+	}
+	return tx.del(key)
 }
 
 // writeSpans stores the spans' bytes in n's pages, each page written

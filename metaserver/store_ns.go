@@ -188,6 +188,16 @@ func (n *inode) setAttrs(in SetAttrIn, now int64) {
 	if v&wire.SetMode != 0 {
 		n.Mode = modeType(n.Mode) | in.Mode&^syscall.S_IFMT
 	}
+	if v&wire.SetKillSuidgid != 0 {
+		// FUSE's rule, which the kernel applies itself to truncates
+		// (fuse_setattr): setgid without group execute is no privilege.
+		// (A local file system also drops it for a writer outside the
+		// file's group, whose other groups the server cannot see.)
+		n.Mode &^= syscall.S_ISUID
+		if n.Mode&syscall.S_IXGRP != 0 {
+			n.Mode &^= syscall.S_ISGID
+		}
+	}
 	if v&wire.SetUid != 0 {
 		n.Uid = in.Uid
 	}

@@ -179,12 +179,17 @@ const (
 	SetAtimeNow
 	SetMtimeNow
 	SetCtime
+	// SetKillSuidgid clears the setuid bit, and the setgid bit if the
+	// group may execute, from the mode as the change finds it (after a
+	// SetMode with it): what a write by a caller without CAP_FSETID does
+	// (the kernel's FUSE_WRITE_KILL_SUIDGID).
+	SetKillSuidgid
 )
 
 // WriteAttrs are the attribute changes an OpWrite may carry in Valid, made
 // after the write in the same transaction: a client that buffered a chmod,
 // chown or utimes behind its writes sends them in one request.
-const WriteAttrs = SetMode | SetUid | SetGid | SetAtime | SetMtime | SetCtime
+const WriteAttrs = SetMode | SetUid | SetGid | SetAtime | SetMtime | SetCtime | SetKillSuidgid
 
 // Attr is an inode's attributes as the server stores them.
 type Attr struct {
