@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/posixacl"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -111,10 +112,11 @@ func (c *Client) refillInos() {
 
 // createBehind makes parent/name, a regular file, in the cache and opens
 // it, and sends the create behind the caller, if the client holds parent's
-// X lock, knows the name is free and has an inode number; false if the
-// create must be sent and waited for. It fails only if ctx ends while it
-// waits for a slot.
-func (c *Client) createBehind(ctx context.Context, parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, bool, error) {
+// X lock, knows the name is free and that parent has no default ACL (the
+// new file's mode is then the creator's less umask, and it inherits no
+// ACL), and has an inode number; false if the create must be sent and
+// waited for. It fails only if ctx ends while it waits for a slot.
+func (c *Client) createBehind(ctx context.Context, parent ids.Ino, name string, mode, umask, uid, gid uint32) (*wire.Attr, bool, error) {
 	if t := mode & syscall.S_IFMT; t != 0 && t != syscall.S_IFREG || len(name) > 255 /* NAME_MAX: the server's error then */ {
 		return nil, false, nil
 	}
@@ -126,7 +128,9 @@ func (c *Client) createBehind(ctx context.Context, parent ids.Ino, name string, 
 	cur, known := c.cache.Entry(parent, name)
 	dir, cached := c.cache.Attr(parent)
 	var ino ids.Ino
-	ok := pmode == wire.LockExclusive && c.leasesValid(c.clk.Now()) && known && cur == 0 && cached
+	def, defKnown := c.cache.Xattr(parent, posixacl.DefaultName)
+	ok := pmode == wire.LockExclusive && c.leasesValid(c.clk.Now()) && known && cur == 0 && cached &&
+		defKnown && def == nil
 	if ok {
 		ino, ok = c.takeIno() // last: a number taken is used
 	}
@@ -138,7 +142,7 @@ func (c *Client) createBehind(ctx context.Context, parent ids.Ino, name string, 
 	// what the server will make of it (Store.CreateAs), times included:
 	// the request carries them
 	t := time.Now().UnixNano()
-	a := &wire.Attr{Ino: ino, Mode: syscall.S_IFREG | mode&^syscall.S_IFMT, Nlink: 1, Uid: uid, Gid: gid,
+	a := &wire.Attr{Ino: ino, Mode: syscall.S_IFREG | mode&^syscall.S_IFMT&^(umask&0o777), Nlink: 1, Uid: uid, Gid: gid,
 		Atime: t, Mtime: t, Ctime: t}
 	if dir.Mode&syscall.S_ISGID != 0 {
 		a.Gid = dir.Gid // BSD group semantics of setgid directories
@@ -156,7 +160,7 @@ func (c *Client) createBehind(ctx context.Context, parent ids.Ino, name string, 
 	c.Counters.CreatedBehind.Add(1)
 	c.mu.Unlock()
 	c.behind.queue(parent, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Ino: ino, Mode: a.Mode,
-		Uid: uid, Gid: gid, Mtime: t, Flags: wire.CreateOpen | wire.CreateIno}, true)
+		Umask: umask, Uid: uid, Gid: gid, Mtime: t, Flags: wire.CreateOpen | wire.CreateIno}, true)
 	cp := *a
 	return &cp, true, nil
 }

@@ -85,7 +85,7 @@ func TestEvictionDuringCreatesBehind(t *testing.T) {
 	c := connectTo(t, s, func(cfg *Config) { cfg.CacheInodes = 16 })
 	within(t, 60*time.Second, "creates with evictions", func(ctx context.Context) error {
 		for round := range 3 {
-			d, err := c.Mkdir(ctx, ids.RootIno, fmt.Sprint("d", round), 0o40755, 0, 0)
+			d, err := c.Mkdir(ctx, ids.RootIno, fmt.Sprint("d", round), 0o40755, 0, 0, 0)
 			if err != nil {
 				return err
 			}
@@ -95,7 +95,7 @@ func TestEvictionDuringCreatesBehind(t *testing.T) {
 				if _, err := c.Lookup(ctx, d.Ino, name); wire.CodeOf(err) != wire.CodeNotFound {
 					return fmt.Errorf("lookup %s: %v", name, err)
 				}
-				a, err := c.CreateOpen(ctx, d.Ino, name, 0o100644, 0, 0)
+				a, err := c.CreateOpen(ctx, d.Ino, name, 0o100644, 0, 0, 0)
 				if err != nil {
 					return fmt.Errorf("create %s: %w", name, err)
 				}
@@ -193,7 +193,7 @@ func TestEvictedLockNotRegranted(t *testing.T) {
 	b := connectTo(t, s, func(*Config) {})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	x, err := b.Create(ctx, ids.RootIno, "x", 0o100644, 0, 0, 0)
+	x, err := b.Create(ctx, ids.RootIno, "x", 0o100644, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestEvictedLockNotRegranted(t *testing.T) {
 	}
 	var others []ids.Ino
 	for i := range 16 {
-		o, err := b.Create(ctx, ids.RootIno, fmt.Sprint("o", i), 0o100644, 0, 0, 0)
+		o, err := b.Create(ctx, ids.RootIno, fmt.Sprint("o", i), 0o100644, 0, 0, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/leasefs/leasefs/cache"
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/posixacl"
 	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -170,10 +171,13 @@ func (c *Client) createCall(ctx context.Context, req *wire.Request) (*wire.Attr,
 				_, openedLocally = ch.OpenLocally(rep.Attr.Ino)
 			}
 			entryChanged(ch, req.Parent, req.Name, rep.Attr.Ino, rep.Attr2)
-			// new, and ours under X: the kernel asks for
-			// security.capability before each write, and need not
-			// ask the server
-			ch.SetNoXattrs(rep.Attr.Ino)
+			if rep.Flags&wire.DirNoDefaultACL != 0 {
+				ch.SetXattr(req.Parent, posixacl.DefaultName, nil)
+				// new, inheriting no ACL, and ours under X: the
+				// kernel asks for security.capability before each
+				// write, and need not ask the server
+				ch.SetNoXattrs(rep.Attr.Ino)
+			}
 			if req.Op == wire.OpMkdir {
 				ch.MarkComplete(rep.Attr.Ino) // empty, and ours under X
 			}
@@ -230,24 +234,28 @@ func (c *Client) SetAttr(ctx context.Context, req *wire.Request) (*wire.Attr, er
 	return c.attrCall(ctx, req)
 }
 
-// Create makes a regular file, device, fifo or socket.
-func (c *Client) Create(ctx context.Context, parent ids.Ino, name string, mode, uid, gid, rdev uint32) (*wire.Attr, error) {
-	return c.createCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid, Rdev: rdev})
+// Create makes a regular file, device, fifo or socket. Mode comes
+// without umask applied: the server applies it where parent has no default
+// ACL, and the default ACL's instead where it has one (wire.Request.Umask).
+func (c *Client) Create(ctx context.Context, parent ids.Ino, name string, mode, umask, uid, gid, rdev uint32) (*wire.Attr, error) {
+	return c.createCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Umask: umask,
+		Uid: uid, Gid: gid, Rdev: rdev})
 }
 
-// CreateOpen makes a regular file and opens it in one round trip; the
-// caller releases it like any opened file.
-func (c *Client) CreateOpen(ctx context.Context, parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, error) {
-	if a, ok, err := c.createBehind(ctx, parent, name, mode, uid, gid); ok || err != nil {
+// CreateOpen makes a regular file and opens it in one round trip (mode
+// and umask as Create); the caller releases it like any opened file.
+func (c *Client) CreateOpen(ctx context.Context, parent ids.Ino, name string, mode, umask, uid, gid uint32) (*wire.Attr, error) {
+	if a, ok, err := c.createBehind(ctx, parent, name, mode, umask, uid, gid); ok || err != nil {
 		return a, err
 	}
-	return c.createCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid,
-		Flags: wire.CreateOpen})
+	return c.createCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Umask: umask,
+		Uid: uid, Gid: gid, Flags: wire.CreateOpen})
 }
 
-// Mkdir makes a directory.
-func (c *Client) Mkdir(ctx context.Context, parent ids.Ino, name string, mode, uid, gid uint32) (*wire.Attr, error) {
-	return c.createCall(ctx, &wire.Request{Op: wire.OpMkdir, Parent: parent, Name: name, Mode: mode, Uid: uid, Gid: gid})
+// Mkdir makes a directory (mode and umask as Create).
+func (c *Client) Mkdir(ctx context.Context, parent ids.Ino, name string, mode, umask, uid, gid uint32) (*wire.Attr, error) {
+	return c.createCall(ctx, &wire.Request{Op: wire.OpMkdir, Parent: parent, Name: name, Mode: mode, Umask: umask,
+		Uid: uid, Gid: gid})
 }
 
 // Symlink makes a symbolic link.

@@ -364,7 +364,8 @@ func (c *Client) bufferAttr(ctx context.Context, req *wire.Request) (*wire.Attr,
 // killPrivs makes the change a write by a caller without CAP_FSETID makes
 // to the mode on the cached attributes attr and f's buffered changes, and
 // reports whether it changed the mode. Under the X lock the cached mode is
-// the file's: the change is buffered as the mode it gives.
+// the file's: the change is buffered as the mode it gives (its permission
+// bits, and so an access ACL, stay as they are).
 func killPrivs(f *dirtyFile, attr *wire.Attr) bool {
 	mode := killedMode(attr.Mode)
 	if mode == attr.Mode {

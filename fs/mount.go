@@ -51,13 +51,23 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 			// from: go-fuse would set up a pipe for every read reply
 			// and give up on it (four wasted system calls each).
 			DisableSplice: true,
+			// The mode of a create comes without the umask applied,
+			// and the umask with it (extras.go): it applies only where
+			// the directory has no default ACL. SETXATTR_EXT carries
+			// FUSE_SETXATTR_ACL_KILL_SGID.
+			ExtraCapabilities: fuse.CAP_DONT_MASK | fuse.CAP_SETXATTR_EXT,
 		},
 	}
 	if os.Geteuid() == 0 {
 		// Every user of the machine may use the mount; the kernel checks
-		// permissions against the stored mode, uid and gid.
+		// permissions against the stored mode, uid and gid, and POSIX
+		// ACLs, which it caches (the server keeps them and the mode in
+		// step, metaserver/store_acl.go). A mount of one user checks
+		// nothing: there ACLs are stored, inherited and kept in step
+		// with modes, and not enforced.
 		opts.AllowOther = true
 		opts.Options = append(opts.Options, "default_permissions")
+		opts.EnableAcl = true
 		opts.DirectMountStrict = true
 	}
 	log := o.Logger

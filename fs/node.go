@@ -174,7 +174,7 @@ func (n *Node) Setattr(ctx context.Context, f gofs.FileHandle, in *fuse.SetAttrI
 // Create makes and opens a regular file.
 func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
 	uid, gid := caller(ctx)
-	a, err := n.c.CreateOpen(ctx, n.ino(), name, mode|syscall.S_IFREG, uid, gid)
+	a, err := n.c.CreateOpen(ctx, n.ino(), name, mode|syscall.S_IFREG, n.mnt.x.of(ctx).umask, uid, gid)
 	if err == nil {
 		in := n.child(ctx, a, out)
 		return in, newFileHandle(in.Operations().(*Node), flags, 0), fuse.FOPEN_DIRECT_IO, 0
@@ -201,7 +201,7 @@ func (n *Node) Create(ctx context.Context, name string, flags uint32, mode uint3
 // Mknod makes a device, fifo, socket or regular file.
 func (n *Node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	uid, gid := caller(ctx)
-	a, err := n.c.Create(ctx, n.ino(), name, mode, uid, gid, dev)
+	a, err := n.c.Create(ctx, n.ino(), name, mode, n.mnt.x.of(ctx).umask, uid, gid, dev)
 	if err != nil {
 		return nil, toErrno(err)
 	}
@@ -211,7 +211,7 @@ func (n *Node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fu
 // Mkdir makes a directory.
 func (n *Node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	uid, gid := caller(ctx)
-	a, err := n.c.Mkdir(ctx, n.ino(), name, mode|syscall.S_IFDIR, uid, gid)
+	a, err := n.c.Mkdir(ctx, n.ino(), name, mode|syscall.S_IFDIR, n.mnt.x.of(ctx).umask, uid, gid)
 	if err != nil {
 		return nil, toErrno(err)
 	}
@@ -301,8 +301,13 @@ func (n *Node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 	return uint32(copy(dest, v)), 0
 }
 
-// Setxattr writes an extended attribute.
+// Setxattr writes an extended attribute. An access ACL set by a caller
+// neither in the file's group nor privileged clears setgid (the kernel
+// says so with the request).
 func (n *Node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if n.mnt.x.of(ctx).xattrFlags&fuse.SETXATTR_ACL_KILL_SGID != 0 {
+		flags |= wire.XattrKillSgid
+	}
 	return toErrno(n.c.SetXattr(ctx, n.ino(), attr, data, flags))
 }
 

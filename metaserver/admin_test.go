@@ -116,7 +116,7 @@ func TestAdminAPI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	fa, err := c1.Create(ctx, ids.RootIno, "a", 0o100644, 0, 0, 0)
+	fa, err := c1.Create(ctx, ids.RootIno, "a", 0o100644, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestAdminAPI(t *testing.T) {
 	if _, err := c1.PosixLock(ctx, fa.Ino, wire.PosixLk{Flock: true, Type: syscall.F_WRLCK, Owner: 77, Pid: 1234}); err != nil {
 		t.Fatal(err)
 	}
-	fb, err := c2.Create(ctx, ids.RootIno, "b", 0o100644, 0, 0, 0)
+	fb, err := c2.Create(ctx, ids.RootIno, "b", 0o100644, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestAdminAPI(t *testing.T) {
 		t.Fatalf("client 2 during eviction: %v", err)
 	}
 	// The evicted one recovers: NACK, new session after τ(1+δ), then works.
-	if _, err := c1.Create(ctx, ids.RootIno, "after", 0o100644, 0, 0, 0); err != nil {
+	if _, err := c1.Create(ctx, ids.RootIno, "after", 0o100644, 0, 0, 0, 0); err != nil {
 		t.Fatalf("client 1 after eviction: %v", err)
 	}
 	if st := c1.Stats(); st.NacksReceived < 1 || st.Recoveries < 1 {

@@ -174,7 +174,7 @@ func TestClusterHandover(t *testing.T) {
 	c1 := tc.connect(1)
 	c2 := tc.connect(2)
 
-	a, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	a, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +247,7 @@ func TestClusterCrossedHandovers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	c1, c2 := tc.connect(1), tc.connect(2)
-	f, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	f, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,8 +257,8 @@ func TestClusterCrossedHandovers(t *testing.T) {
 	bound := tc.srv[1].cl.acquireFor
 	var slowest time.Duration
 	for i := range 20 {
-		writeSync(ctx, t, c1, f.Ino, 0, []byte{byte(i)})                                              // 1 owns f
-		if _, err := c2.Create(ctx, ids.RootIno, fmt.Sprint("g", i), 0o100644, 0, 0, 0); err != nil { // 2 owns the root
+		writeSync(ctx, t, c1, f.Ino, 0, []byte{byte(i)})                                                 // 1 owns f
+		if _, err := c2.Create(ctx, ids.RootIno, fmt.Sprint("g", i), 0o100644, 0, 0, 0, 0); err != nil { // 2 owns the root
 			t.Fatal(err)
 		}
 		start := time.Now()
@@ -299,7 +299,7 @@ func TestClusterGroupCommit(t *testing.T) {
 	dirs := make([]ids.Ino, workers)
 	for w := range workers {
 		clients[w] = tc.connect(1)
-		d, err := clients[w].Mkdir(ctx, ids.RootIno, fmt.Sprint("d", w), 0o755, 0, 0)
+		d, err := clients[w].Mkdir(ctx, ids.RootIno, fmt.Sprint("d", w), 0o755, 0, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -313,7 +313,7 @@ func TestClusterGroupCommit(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range files {
-				if _, err := clients[w].Create(ctx, dirs[w], fmt.Sprint("f", i), 0o100644, 0, 0, 0); err != nil {
+				if _, err := clients[w].Create(ctx, dirs[w], fmt.Sprint("f", i), 0o100644, 0, 0, 0, 0); err != nil {
 					errs <- err
 					return
 				}
@@ -413,7 +413,7 @@ func TestClusterFailover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
 	c := tc.connect(1, 2, 3)
-	a, err := c.Create(ctx, ids.RootIno, "log", 0o100644, 0, 0, 0)
+	a, err := c.Create(ctx, ids.RootIno, "log", 0o100644, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -525,7 +525,7 @@ func TestClusterFencing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c1 := tc.connect(1)
-	a, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	a, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -539,7 +539,7 @@ func TestClusterFencing(t *testing.T) {
 	writeSync(ctx, t, c2, a.Ino, 0, []byte("v2"))
 
 	// server 1's own store: not the owner any more
-	if err := tc.srv[1].store.SetXattr(a.Ino, "user.x", []byte("stale"), 0); wire.CodeOf(err) != wire.CodeUnavailable {
+	if err := tc.srv[1].store.SetXattr(a.Ino, "user.x", []byte("stale"), 0, 1); wire.CodeOf(err) != wire.CodeUnavailable {
 		t.Fatalf("former owner's local change: %v, want unavailable", err)
 	}
 	// a change stamped with the old epoch, sent to every replica
@@ -574,7 +574,7 @@ func createNumbered(ctx context.Context, t *testing.T, c *client.Client, n int) 
 	t.Helper()
 	var inos []ids.Ino
 	for i := range n {
-		a, err := c.Create(ctx, ids.RootIno, fmt.Sprint("f", i), 0o100644, 0, 0, 0)
+		a, err := c.Create(ctx, ids.RootIno, fmt.Sprint("f", i), 0o100644, 0, 0, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -595,13 +595,13 @@ func TestClusterBatchNoRedirect(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c1 := tc.connect(1)
-	d, err := c1.Mkdir(ctx, ids.RootIno, "d", 0o40755, 0, 0)
+	d, err := c1.Mkdir(ctx, ids.RootIno, "d", 0o40755, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var subs []*wire.Request
 	for i := range 4 {
-		a, err := c1.Create(ctx, d.Ino, fmt.Sprint("f", i), 0o100644, 0, 0, 0)
+		a, err := c1.Create(ctx, d.Ino, fmt.Sprint("f", i), 0o100644, 0, 0, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -80,7 +80,7 @@ func fillDir(ctx context.Context, t *testing.T, c *client.Client, dir ids.Ino, n
 	t.Helper()
 	for i := range n {
 		untilAvailable(t, fmt.Sprintf("create %d", i), func() error {
-			_, err := c.Create(ctx, dir, fmt.Sprintf("entry-%06d", i), 0o100644, 0, 0, 0)
+			_, err := c.Create(ctx, dir, fmt.Sprintf("entry-%06d", i), 0o100644, 0, 0, 0, 0)
 			if wire.CodeOf(err) == wire.CodeExists {
 				return nil // a try resent after an unavailable server made it
 			}
@@ -105,7 +105,7 @@ func TestClusterTransferCatchUp(t *testing.T) {
 	tc.kill(3)
 	var a *wire.Attr
 	untilAvailable(t, "create", func() (err error) {
-		a, err = c.Create(ctx, ids.RootIno, "big", 0o100644, 0, 0, 0)
+		a, err = c.Create(ctx, ids.RootIno, "big", 0o100644, 0, 0, 0, 0)
 		return err
 	})
 	data := randBytes(9, 64<<20)
@@ -123,7 +123,7 @@ func TestClusterTransferCatchUp(t *testing.T) {
 	tc.kill(3)
 	var d *wire.Attr
 	untilAvailable(t, "mkdir", func() (err error) {
-		d, err = c.Mkdir(ctx, ids.RootIno, "many", 0o755, 0, 0)
+		d, err = c.Mkdir(ctx, ids.RootIno, "many", 0o755, 0, 0, 0)
 		return err
 	})
 	start = time.Now()
@@ -250,10 +250,10 @@ func TestClusterTransferLaggingOwner(t *testing.T) {
 	tc.kill(3)
 	var decoy, a *wire.Attr
 	untilAvailable(t, "create", func() (err error) {
-		if decoy, err = c1.Create(ctx, ids.RootIno, "decoy", 0o100644, 0, 0, 0); err != nil {
+		if decoy, err = c1.Create(ctx, ids.RootIno, "decoy", 0o100644, 0, 0, 0, 0); err != nil {
 			return err
 		}
-		a, err = c1.Create(ctx, ids.RootIno, "big", 0o100644, 0, 0, 0)
+		a, err = c1.Create(ctx, ids.RootIno, "big", 0o100644, 0, 0, 0, 0)
 		return err
 	})
 	writeBig(ctx, t, c1, decoy.Ino, randBytes(11, 64<<20))

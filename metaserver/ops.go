@@ -222,6 +222,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 				replayed = true
 				return rep
 			}
+			st := st.WithUmask(r.Umask)
 			switch r.Op {
 			case wire.OpCreate:
 				var a Attr
@@ -458,7 +459,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		})
 	case wire.OpSetXattr:
 		return s.underLocks(ctx, sess, exclusive(r.Ino), s.once(sess, r, func() *wire.Reply {
-			return errReply(st.SetXattr(r.Ino, r.Name, r.Data, r.Flags))
+			return errReply(st.SetXattr(r.Ino, r.Name, r.Data, r.Flags, now))
 		}))
 	case wire.OpListXattr:
 		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply {
@@ -473,7 +474,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		})
 	case wire.OpRemoveXattr:
 		return s.underLocks(ctx, sess, exclusive(r.Ino), s.once(sess, r, func() *wire.Reply {
-			return errReply(st.RemoveXattr(r.Ino, r.Name))
+			return errReply(st.RemoveXattr(r.Ino, r.Name, now))
 		}))
 	case wire.OpLockRelease:
 		s.lm.release(sess.client, r.Ino, locks.Mode(r.LockMode), r.Version)
@@ -520,6 +521,9 @@ func (s *Server) withDirAttr(rep *wire.Reply, r *wire.Request) *wire.Reply {
 	}
 	if a, err := s.store.GetAttr(dir); err == nil {
 		rep.Attr2 = toWire(a)
+	}
+	if has, err := s.store.HasDefaultACL(dir); err == nil && !has {
+		rep.Flags |= wire.DirNoDefaultACL
 	}
 	return rep
 }

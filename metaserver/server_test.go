@@ -64,10 +64,10 @@ func TestBadNames(t *testing.T) {
 		"a/b": wire.CodeInvalid, "a\x00b": wire.CodeInvalid, "": wire.CodeInvalid,
 		".": wire.CodeInvalid, "..": wire.CodeInvalid, strings.Repeat("x", 256): wire.CodeNameTooLong,
 	} {
-		if _, err := c.Create(ctx, ids.RootIno, name, 0o100644, 0, 0, 0); wire.CodeOf(err) != want {
+		if _, err := c.Create(ctx, ids.RootIno, name, 0o100644, 0, 0, 0, 0); wire.CodeOf(err) != want {
 			t.Errorf("create %q: %v, want %v", name, err, want)
 		}
-		if _, err := c.Mkdir(ctx, ids.RootIno, name, 0o40755, 0, 0); wire.CodeOf(err) != want {
+		if _, err := c.Mkdir(ctx, ids.RootIno, name, 0o40755, 0, 0, 0); wire.CodeOf(err) != want {
 			t.Errorf("mkdir %q: %v, want %v", name, err, want)
 		}
 	}
@@ -151,14 +151,14 @@ func TestRemoveIfIno(t *testing.T) {
 	s := startTestServer(t)
 	c, other := connect(t, s), connect(t, s) // other looks the name up: c's raw calls leave its cache be
 	ctx := context.Background()
-	old, err := c.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	old, err := c.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Call(ctx, &wire.Request{Op: wire.OpUnlink, Parent: ids.RootIno, Name: "f"}); err != nil {
 		t.Fatal(err)
 	}
-	cur, err := c.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	cur, err := c.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestDirtyBudget(t *testing.T) {
 	data := make([]byte, write)
 	var inos []ids.Ino
 	for f := range files {
-		a, err := c.Create(ctx, ids.RootIno, fmt.Sprint("f", f), 0o100644, 0, 0, 0)
+		a, err := c.Create(ctx, ids.RootIno, fmt.Sprint("f", f), 0o100644, 0, 0, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -239,7 +239,7 @@ func TestRevocationWaitsForFlush(t *testing.T) {
 	}
 	w := connectWith(t, s, func(c *client.Config) { c.Faults = slow })
 	ctx := context.Background()
-	a, err := w.Create(ctx, ids.RootIno, "big", 0o100644, 0, 0, 0)
+	a, err := w.Create(ctx, ids.RootIno, "big", 0o100644, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestOpenWhilePurging(t *testing.T) {
 	s := startTestServer(t)
 	c := connect(t, s)
 	ctx := context.Background()
-	f, err := c.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0)
+	f, err := c.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,7 +361,7 @@ func TestBatchResentWhole(t *testing.T) {
 	c := connect(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	d, err := c.Mkdir(ctx, ids.RootIno, "d", 0o40755, 0, 0)
+	d, err := c.Mkdir(ctx, ids.RootIno, "d", 0o40755, 0, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -214,6 +214,7 @@ func (e *DataDirInUseError) Is(target error) bool { return target == ErrDataDirI
 type Store struct {
 	*storeCore
 	origin Origin
+	umask  uint32 // applied by creates (WithUmask)
 }
 
 type storeCore struct {

@@ -7,6 +7,7 @@ import (
 	"syscall"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/posixacl"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -207,7 +208,9 @@ func (s *Store) writeSetAttr(ino ids.Ino, spansAt func(size uint64) []wire.Span,
 			}
 		}
 		if in.Valid != 0 {
-			n.setAttrs(in, now)
+			if err := tx.setAttrs(n, in, now); err != nil {
+				return err
+			}
 		}
 		n.touch()
 		a = n.Attr
@@ -526,13 +529,22 @@ func (s *Store) GetXattr(ino ids.Ino, name string) ([]byte, error) {
 	return val, err
 }
 
-// SetXattr sets an extended attribute. XattrCreate fails with CodeExists if
-// it exists, XattrReplace with CodeNoData if it does not.
-func (s *Store) SetXattr(ino ids.Ino, name string, value []byte, flags uint32) error {
+// SetXattr sets an extended attribute and the change time. XattrCreate
+// fails with CodeExists if it exists, XattrReplace with CodeNoData if it
+// does not. An ACL (posixacl.AccessName, DefaultName) must be valid
+// (CodeInvalid), sets the mode with it and is kept as the mode alone if
+// that says as much (store_acl.go); wire.XattrKillSgid, with an access
+// ACL, clears the setgid bit as well.
+func (s *Store) SetXattr(ino ids.Ino, name string, value []byte, flags uint32, now int64) error {
 	if err := checkXattrName(name); err != nil {
 		return err
 	}
-	if flags&^(XattrCreate|XattrReplace) != 0 || flags == XattrCreate|XattrReplace {
+	isACL := posixacl.IsACL(name)
+	allowed := uint32(XattrCreate | XattrReplace)
+	if name == posixacl.AccessName {
+		allowed |= wire.XattrKillSgid
+	}
+	if f := flags &^ wire.XattrKillSgid; flags&^allowed != 0 || f == XattrCreate|XattrReplace {
 		return wire.Errf(wire.CodeInvalid, "xattr flags %#x", flags)
 	}
 	if len(value) > XattrSizeMax {
@@ -542,7 +554,8 @@ func (s *Store) SetXattr(ino ids.Ino, name string, value []byte, flags uint32) e
 		value = []byte{}
 	}
 	_, err := s.update(func(tx *Tx) error {
-		if _, err := tx.inode(ino); err != nil {
+		n, err := tx.inode(ino)
+		if err != nil {
 			return err
 		}
 		key := tx.keyStr(recXattr, ino, name)
@@ -550,24 +563,29 @@ func (s *Store) SetXattr(ino ids.Ino, name string, value []byte, flags uint32) e
 		if err != nil {
 			return err
 		}
-		if ok && flags == XattrCreate {
+		switch create := flags &^ wire.XattrKillSgid; {
+		case ok && create == XattrCreate:
 			return errExists
-		}
-		if !ok && flags == XattrReplace {
+		case !ok && create == XattrReplace:
 			return errNoData
 		}
 		if !ok {
 			// A new name must leave the list listxattr can return: past
 			// it every listxattr of the file would fail. ENOSPC, as ext4
 			// answers when a file's xattrs fill their space.
-			n, err := tx.xattrListSize(ino)
+			size, err := tx.xattrListSize(ino)
 			if err != nil {
 				return err
 			}
-			if n+len(name)+1 > XattrListMax {
-				return wire.Errf(wire.CodeNoSpace, "xattr names of %d bytes and %q pass the %d bytes listxattr returns", n, name, XattrListMax)
+			if size+len(name)+1 > XattrListMax {
+				return wire.Errf(wire.CodeNoSpace, "xattr names of %d bytes and %q pass the %d bytes listxattr returns", size, name, XattrListMax)
 			}
 		}
+		if isACL {
+			return tx.setACL(n, name, key, ok, value, flags, now)
+		}
+		n.Ctime = now
+		n.touch()
 		return tx.set(key, value)
 	})
 	return err
@@ -599,13 +617,16 @@ func (s *Store) ListXattr(ino ids.Ino) ([]string, error) {
 	return names, err
 }
 
-// RemoveXattr removes an extended attribute (CodeNoData if absent).
-func (s *Store) RemoveXattr(ino ids.Ino, name string) error {
+// RemoveXattr removes an extended attribute (CodeNoData if absent; an
+// absent ACL is no error, as on a local file system) and sets the change
+// time. The mode stays as it is when the access ACL goes.
+func (s *Store) RemoveXattr(ino ids.Ino, name string, now int64) error {
 	if err := checkXattrName(name); err != nil {
 		return err
 	}
 	_, err := s.update(func(tx *Tx) error {
-		if _, err := tx.inode(ino); err != nil {
+		n, err := tx.inode(ino)
+		if err != nil {
 			return err
 		}
 		key := tx.keyStr(recXattr, ino, name)
@@ -614,8 +635,13 @@ func (s *Store) RemoveXattr(ino ids.Ino, name string) error {
 			return err
 		}
 		if !ok {
+			if posixacl.IsACL(name) {
+				return nil
+			}
 			return errNoData
 		}
+		n.Ctime = now
+		n.touch()
 		return tx.del(key)
 	})
 	return err

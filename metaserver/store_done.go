@@ -49,7 +49,9 @@ const (
 // For returns a view of the store whose changes record o (nothing for a
 // zero Client). The view shares everything else with s.
 func (s *Store) For(o Origin) *Store {
-	return &Store{storeCore: s.storeCore, origin: o}
+	v := *s
+	v.origin = o
+	return &v
 }
 
 // Applied reports whether a change for o was made (and so reached the

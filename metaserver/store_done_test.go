@@ -59,7 +59,7 @@ func TestStoreAppliedRequests(t *testing.T) {
 	const batch = 100
 	for i := range uint64(batch) {
 		o := Origin{Ino: d.Ino, Client: client, Req: 100 + i, Oldest: 100}
-		if err := s.For(o).SetXattr(d.Ino, "user.n", []byte{byte(i)}, 0); err != nil {
+		if err := s.For(o).SetXattr(d.Ino, "user.n", []byte{byte(i)}, 0, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -71,7 +71,7 @@ func TestStoreAppliedRequests(t *testing.T) {
 	// Once the client says it is done with them, they go: a late copy
 	// of one is stale.
 	o := Origin{Ino: d.Ino, Client: client, Req: 100 + batch, Oldest: 100 + batch}
-	if err := s.For(o).SetXattr(d.Ino, "user.n", nil, 0); err != nil {
+	if err := s.For(o).SetXattr(d.Ino, "user.n", nil, 0, 1); err != nil {
 		t.Fatal(err)
 	}
 	if ok, stale, err := s.Applied(Origin{Ino: d.Ino, Client: client, Req: 100 + batch - 1}); ok || !stale || err != nil {

@@ -42,7 +42,7 @@ func TestStoreKillSuidgid(t *testing.T) {
 		must[Attr](t)(s.Append(f.Ino, []byte("x"), SetAttrIn{Valid: wire.SetKillSuidgid}, 4))
 		wantMode(t, s, f.Ino, want)
 		// and any write drops file capabilities
-		wantCode(t, s.SetXattr(f.Ino, capabilityXattr, []byte{1, 0, 0, 2}, 0), wire.CodeOK)
+		wantCode(t, s.SetXattr(f.Ino, capabilityXattr, []byte{1, 0, 0, 2}, 0, 5), wire.CodeOK)
 		must[Attr](t)(s.WriteSetAttr(f.Ino, SpanAt(0, []byte("x")), []byte("x"), SetAttrIn{}, 6))
 		wantXattr(t, s, f.Ino, capabilityXattr, nil)
 		_, _, err := s.Unlink(ids.RootIno, "f", 5, func(ids.Ino) bool { return true })

@@ -173,7 +173,9 @@ func (s *Store) SetAttr(ino ids.Ino, in SetAttrIn, now int64) (Attr, error) {
 				n.Mtime = now
 			}
 		}
-		n.setAttrs(in, now)
+		if err := tx.setAttrs(n, in, now); err != nil {
+			return err
+		}
 		n.touch()
 		a = n.Attr
 		return nil
@@ -287,6 +289,9 @@ func (s *Store) mknod(parent ids.Ino, name string, mode, uid, gid, rdev uint32, 
 		}
 		n := &inode{Attr: Attr{Ino: ino, Mode: mode, Nlink: 1, Uid: uid, Gid: gid, Rdev: rdev,
 			Atime: now, Mtime: now, Ctime: now}}
+		if err := tx.inherit(parent, n, s.umask); err != nil {
+			return err
+		}
 		switch typ {
 		case syscall.S_IFDIR:
 			n.Nlink = 2

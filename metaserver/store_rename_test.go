@@ -213,7 +213,7 @@ func TestStoreRenameMatrix(t *testing.T) {
 	})
 	t.Run("empty dir over empty dir across", func(t *testing.T) {
 		r := newRenameFixture(t)
-		must[any](t)(nil, r.s.SetXattr(r.e2.Ino, "user.k", []byte("v"), 0))
+		must[any](t)(nil, r.s.SetXattr(r.e2.Ino, "user.k", []byte("v"), 0, 1))
 		rep := must[*Attr](t)(r.s.Rename(r.a.Ino, "full", r.b.Ino, "e2", 0, 7))
 		if rep == nil || rep.Ino != r.e2.Ino || rep.Nlink != 0 {
 			t.Fatalf("replaced %+v", rep)

@@ -106,7 +106,7 @@ func TestReplReplicate(t *testing.T) {
 	must[Attr](t)(a.s.Write(f.Ino, 10, []byte("hello"), 2))
 	must[Attr](t)(a.s.Write(f.Ino, 12, []byte("LP"), 2)) // partial chunk: pooled buffer
 	must[Attr](t)(a.s.Symlink(d.Ino, "l", "f", 0, 0, 3))
-	must[any](t)(nil, a.s.SetXattr(f.Ino, "user.k", []byte("v"), 0))
+	must[any](t)(nil, a.s.SetXattr(f.Ino, "user.k", []byte("v"), 0, 1))
 	must[Attr](t)(a.s.Link(f.Ino, ids.RootIno, "hard", 4))
 	ops := a.take()
 	if len(ops) != 7 {
@@ -356,7 +356,7 @@ func TestReplRecovery(t *testing.T) {
 	data := bytes.Repeat([]byte("0123456789abcdef"), 3*PageSize/16)
 	must[Attr](t)(a.s.Write(f.Ino, 0, data, 2))
 	must[Attr](t)(a.s.Write(g.Ino, 0, []byte("g"), 2))
-	must[any](t)(nil, a.s.SetXattr(g.Ino, "user.g", []byte("1"), 0))
+	must[any](t)(nil, a.s.SetXattr(g.Ino, "user.g", []byte("1"), 0, 1))
 	ship(t, a.take(), b, c)
 	// acknowledged by a and b only: c misses an unlink, a purge and a truncation
 	must[Attr](t)(unlinked(a.s.Unlink(d.Ino, "g", 3, nil)))
@@ -460,7 +460,7 @@ func TestReplAntiEntropy(t *testing.T) {
 	ship(t, a.take(), b)
 	sameChecksums(t, a, b)
 	must[Attr](t)(a.s.Write(files[3].Ino, 0, []byte("three"), 2))
-	must[any](t)(nil, a.s.SetXattr(files[7].Ino, "user.x", nil, 0))
+	must[any](t)(nil, a.s.SetXattr(files[7].Ino, "user.x", nil, 0, 1))
 	must[Attr](t)(unlinked(a.s.Unlink(ids.RootIno, "f9", 3, nil)))
 	must[any](t)(nil, a.s.Purge(files[9].Ino))
 	a.take() // b misses them all

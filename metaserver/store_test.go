@@ -235,7 +235,7 @@ func TestStoreMkdirRmdir(t *testing.T) {
 	_, _, err = s.Unlink(d.Ino, "sub", 13, nil)
 	wantCode(t, err, wire.CodeIsDir)
 	must[Attr](t)(unlinked(s.Unlink(sub.Ino, "f", 13, nil)))
-	must[any](t)(nil, s.SetXattr(sub.Ino, "user.x", []byte("v"), 0))
+	must[any](t)(nil, s.SetXattr(sub.Ino, "user.x", []byte("v"), 0, 1))
 	wantCode(t, s.Rmdir(d.Ino, "sub", 14), wire.CodeOK)
 	if a := must[Attr](t)(s.GetAttr(d.Ino)); a.Nlink != 2 || a.Mtime != 14 {
 		t.Fatalf("d after rmdir %+v", a)
@@ -301,7 +301,7 @@ func TestStoreLinkUnlinkPurge(t *testing.T) {
 	d := must[Attr](t)(s.Mkdir(ids.RootIno, "d", 0o755, 0, 0, 1))
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
 	must[Attr](t)(s.Write(f.Ino, 0, bytes.Repeat([]byte("z"), 3*PageSize), 2))
-	must[any](t)(nil, s.SetXattr(f.Ino, "user.a", []byte("1"), 0))
+	must[any](t)(nil, s.SetXattr(f.Ino, "user.a", []byte("1"), 0, 1))
 
 	l := must[Attr](t)(s.Link(f.Ino, d.Ino, "g", 3))
 	if l.Nlink != 2 || l.Ctime != 3 || l.Ino != f.Ino {
@@ -741,17 +741,17 @@ func TestStoreXattr(t *testing.T) {
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
 	_, err := s.GetXattr(f.Ino, "user.a")
 	wantCode(t, err, wire.CodeNoData)
-	wantCode(t, s.SetXattr(f.Ino, "user.a", []byte("1"), XattrReplace), wire.CodeNoData)
-	wantCode(t, s.SetXattr(f.Ino, "user.a", []byte("1"), XattrCreate), wire.CodeOK)
-	wantCode(t, s.SetXattr(f.Ino, "user.a", []byte("2"), XattrCreate), wire.CodeExists)
-	wantCode(t, s.SetXattr(f.Ino, "user.a", []byte("3"), XattrReplace), wire.CodeOK)
-	wantCode(t, s.SetXattr(f.Ino, "user.b", nil, 0), wire.CodeOK)
-	wantCode(t, s.SetXattr(f.Ino, "user.c", make([]byte, XattrSizeMax), 0), wire.CodeOK)
-	wantCode(t, s.SetXattr(f.Ino, "user.d", make([]byte, XattrSizeMax+1), 0), wire.CodeTooBig)
-	wantCode(t, s.SetXattr(f.Ino, "user.e", nil, XattrCreate|XattrReplace), wire.CodeInvalid)
-	wantCode(t, s.SetXattr(f.Ino, "", nil, 0), wire.CodeRange)
-	wantCode(t, s.SetXattr(f.Ino, strings.Repeat("n", 256), nil, 0), wire.CodeRange)
-	wantCode(t, s.SetXattr(999, "user.a", nil, 0), wire.CodeNotFound)
+	wantCode(t, s.SetXattr(f.Ino, "user.a", []byte("1"), XattrReplace, 1), wire.CodeNoData)
+	wantCode(t, s.SetXattr(f.Ino, "user.a", []byte("1"), XattrCreate, 1), wire.CodeOK)
+	wantCode(t, s.SetXattr(f.Ino, "user.a", []byte("2"), XattrCreate, 1), wire.CodeExists)
+	wantCode(t, s.SetXattr(f.Ino, "user.a", []byte("3"), XattrReplace, 1), wire.CodeOK)
+	wantCode(t, s.SetXattr(f.Ino, "user.b", nil, 0, 1), wire.CodeOK)
+	wantCode(t, s.SetXattr(f.Ino, "user.c", make([]byte, XattrSizeMax), 0, 1), wire.CodeOK)
+	wantCode(t, s.SetXattr(f.Ino, "user.d", make([]byte, XattrSizeMax+1), 0, 1), wire.CodeTooBig)
+	wantCode(t, s.SetXattr(f.Ino, "user.e", nil, XattrCreate|XattrReplace, 1), wire.CodeInvalid)
+	wantCode(t, s.SetXattr(f.Ino, "", nil, 0, 1), wire.CodeRange)
+	wantCode(t, s.SetXattr(f.Ino, strings.Repeat("n", 256), nil, 0, 1), wire.CodeRange)
+	wantCode(t, s.SetXattr(999, "user.a", nil, 0, 1), wire.CodeNotFound)
 	if v := must[[]byte](t)(s.GetXattr(f.Ino, "user.a")); string(v) != "3" {
 		t.Fatalf("value %q", v)
 	}
@@ -762,8 +762,8 @@ func TestStoreXattr(t *testing.T) {
 	if !slices.Equal(names, []string{"user.a", "user.b", "user.c"}) {
 		t.Fatalf("list %v", names)
 	}
-	wantCode(t, s.RemoveXattr(f.Ino, "user.a"), wire.CodeOK)
-	wantCode(t, s.RemoveXattr(f.Ino, "user.a"), wire.CodeNoData)
+	wantCode(t, s.RemoveXattr(f.Ino, "user.a", 1), wire.CodeOK)
+	wantCode(t, s.RemoveXattr(f.Ino, "user.a", 1), wire.CodeNoData)
 	names = must[[]string](t)(s.ListXattr(f.Ino))
 	if !slices.Equal(names, []string{"user.b", "user.c"}) {
 		t.Fatalf("list %v", names)
@@ -925,7 +925,7 @@ func TestStoreRestart(t *testing.T) {
 	must[Attr](t)(s.Write(f.Ino, 7, data, 2))
 	must[Attr](t)(s.Symlink(ids.RootIno, "l", "d/f", 0, 0, 3))
 	must[Attr](t)(s.Link(f.Ino, ids.RootIno, "hard", 4))
-	must[any](t)(nil, s.SetXattr(f.Ino, "user.k", []byte("v"), 0))
+	must[any](t)(nil, s.SetXattr(f.Ino, "user.k", []byte("v"), 0, 1))
 	orphan := must[Attr](t)(s.Create(ids.RootIno, "orphan", reg|0o600, 0, 0, 0, 1))
 	must[Attr](t)(s.Write(orphan.Ino, 0, []byte("x"), 1))
 	must[Attr](t)(unlinked(s.Unlink(ids.RootIno, "orphan", 1, nil))) // open, say, when the server stopped
@@ -1069,8 +1069,8 @@ func runHistory(t *testing.T, s *Store) {
 	must[Attr](t)(s.Write(f.Ino, 100, bytes.Repeat([]byte("q"), 2*PageSize), 2))
 	must[Attr](t)(s.Write(f.Ino, 5, []byte("partial"), 2))
 	must[Attr](t)(s.Write(g.Ino, 5, []byte("gone"), 2))
-	must[any](t)(nil, s.SetXattr(f.Ino, "user.x", []byte("1"), 0))
-	must[any](t)(nil, s.SetXattr(e.Ino, "user.y", []byte("2"), 0))
+	must[any](t)(nil, s.SetXattr(f.Ino, "user.x", []byte("1"), 0, 1))
+	must[any](t)(nil, s.SetXattr(e.Ino, "user.y", []byte("2"), 0, 1))
 	must[Attr](t)(s.Link(f.Ino, e.Ino, "hard", 3))
 	must[*Attr](t)(s.Rename(d.Ino, "f", e.Ino, "h", 0, 4))
 	must[*Attr](t)(s.Rename(d.Ino, "g", e.Ino, "h2", 0, 4))
@@ -1084,7 +1084,7 @@ func runHistory(t *testing.T, s *Store) {
 	must[Attr](t)(s.Mkdir(d.Ino, "sub", 0o755, 0, 0, 8))
 	must[*Attr](t)(s.Rename(d.Ino, "sub", e.Ino, "sub", 0, 8))
 	must[any](t)(nil, s.Rmdir(ids.RootIno, "d", 8))
-	must[any](t)(nil, s.RemoveXattr(e.Ino, "user.y"))
+	must[any](t)(nil, s.RemoveXattr(e.Ino, "user.y", 1))
 }
 
 // TestStoreConcurrent runs creates and writes from several goroutines on the
@@ -1219,7 +1219,7 @@ func TestStoreUnlinkPurges(t *testing.T) {
 
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
 	must[Attr](t)(s.Write(f.Ino, 0, bytes.Repeat([]byte("d"), 3*PageSize+1), 2))
-	must[any](t)(nil, s.SetXattr(f.Ino, "user.k", []byte("v"), 0))
+	must[any](t)(nil, s.SetXattr(f.Ino, "user.k", []byte("v"), 0, 1))
 	a, purged, err := s.Unlink(ids.RootIno, "f", 3, all)
 	if err != nil || !purged || a.Nlink != 0 {
 		t.Fatalf("unlink: %+v purged %v err %v", a, purged, err)

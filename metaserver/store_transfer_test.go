@@ -108,7 +108,7 @@ func TestTransferPaged(t *testing.T) {
 	d := must[Attr](t)(a.Mkdir(ids.RootIno, "d", 0o755, 0, 0, 1))
 	old := randBytes(1, 480*PageSize)
 	writeFile(t, a, f.Ino, old)
-	must[any](t)(nil, a.SetXattr(f.Ino, "user.gone", []byte("x"), 0))
+	must[any](t)(nil, a.SetXattr(f.Ino, "user.gone", []byte("x"), 0, 1))
 	for i := range 3000 {
 		must[Attr](t)(a.Create(d.Ino, fmt.Sprintf("entry-%05d", i), reg|0o644, 0, 0, 0, 1))
 	}
@@ -120,8 +120,8 @@ func TestTransferPaged(t *testing.T) {
 	data := randBytes(2, 320*PageSize+5)
 	must[Attr](t)(a.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: 0}, 2))
 	writeFile(t, a, f.Ino, data)
-	must[any](t)(nil, a.RemoveXattr(f.Ino, "user.gone"))
-	must[any](t)(nil, a.SetXattr(f.Ino, "user.k", bytes.Repeat([]byte("v"), 60<<10), 0))
+	must[any](t)(nil, a.RemoveXattr(f.Ino, "user.gone", 1))
+	must[any](t)(nil, a.SetXattr(f.Ino, "user.k", bytes.Repeat([]byte("v"), 60<<10), 0, 1))
 	for i := range 3000 {
 		if i%3 == 0 {
 			must[Attr](t)(unlinked(a.Unlink(d.Ino, fmt.Sprintf("entry-%05d", i), 2, nil)))

@@ -191,6 +191,12 @@ const (
 // chown or utimes behind its writes sends them in one request.
 const WriteAttrs = SetMode | SetUid | SetGid | SetAtime | SetMtime | SetCtime | SetKillSuidgid
 
+// XattrKillSgid in an OpSetXattr request's Flags (beside XATTR_CREATE and
+// XATTR_REPLACE) clears the file's setgid bit as the access ACL it sets
+// changes the mode: the caller is neither in the file's group nor
+// privileged (the kernel's FUSE_SETXATTR_ACL_KILL_SGID).
+const XattrKillSgid uint32 = 1 << 8
+
 // Attr is an inode's attributes as the server stores them.
 type Attr struct {
 	Ino                 ids.Ino
@@ -321,11 +327,15 @@ type Request struct {
 	Name, NewName        string
 	Target               string // symlink target, hostname for OpOpenSession
 	Mode, Uid, Gid, Rdev uint32
-	Flags, Valid         uint32
-	Off, Size            uint64
-	Atime, Mtime, Ctime  int64
-	LockMode             LockMode
-	Version              uint64 // reclaim: the version dirty data was based on
+	// Umask is the creator's umask (OpCreate, OpMkdir): Mode comes
+	// without it, and it applies only where the directory has no default
+	// ACL (POSIX.1e; a default ACL masks the mode instead).
+	Umask               uint32
+	Flags, Valid        uint32
+	Off, Size           uint64
+	Atime, Mtime, Ctime int64
+	LockMode            LockMode
+	Version             uint64 // reclaim: the version dirty data was based on
 	// ReqID names a change (Op.Changes) across resends: a server that
 	// finds it applied answers from the current state (client ID + ReqID
 	// is unique; 0: not a change).
@@ -411,6 +421,7 @@ func (r *Request) AppendHead(b []byte) []byte {
 	e.u32(r.Uid)
 	e.u32(r.Gid)
 	e.u32(r.Rdev)
+	e.u32(r.Umask)
 	e.u32(r.Flags)
 	e.u32(r.Valid)
 	e.u64(r.Off)
@@ -450,6 +461,7 @@ func ParseRequest(b []byte) (*Request, error) {
 	r.Uid = d.u32()
 	r.Gid = d.u32()
 	r.Rdev = d.u32()
+	r.Umask = d.u32()
 	r.Flags = d.u32()
 	r.Valid = d.u32()
 	r.Off = d.u64()
@@ -525,6 +537,16 @@ const (
 	hasAttr2
 	hasOpens
 	hasOwner
+	hasFlags
+)
+
+// Reply flags (Reply.Flags).
+const (
+	// DirNoDefaultACL, in the reply to a change of a directory's entries,
+	// says the directory has no default ACL: what is made in it inherits
+	// no ACL, and its mode is the creator's masked by the umask. The
+	// client may then make files in it itself (client/createbehind.go).
+	DirNoDefaultACL uint32 = 1 << iota
 )
 
 // Reply is the server application's answer. Any reply, whatever its Code
@@ -548,6 +570,8 @@ type Reply struct {
 	// Owner, with CodeRedirect, is the server that owns the request's
 	// inode as far as the answering server knows.
 	Owner ids.ServerID
+	// Flags are facts the reply states beside its sections (DirNoDefaultACL).
+	Flags uint32
 
 	encoded []byte // what ParseReply parsed; Data points into it
 }
@@ -615,6 +639,9 @@ func (r *Reply) Append(b []byte) []byte {
 	if r.Owner != 0 {
 		mask |= hasOwner
 	}
+	if r.Flags != 0 {
+		mask |= hasFlags
+	}
 	e.u16(mask)
 	if r.Attr != nil {
 		e.attr(r.Attr)
@@ -673,6 +700,9 @@ func (r *Reply) Append(b []byte) []byte {
 	}
 	if r.Owner != 0 {
 		e.u8(uint8(r.Owner))
+	}
+	if r.Flags != 0 {
+		e.u32(r.Flags)
 	}
 	return e.b
 }
@@ -752,7 +782,12 @@ func ParseReply(b []byte) (*Reply, error) {
 			d.fail(errors.New("wire: redirect to server 0"))
 		}
 	}
-	if mask >= hasOwner<<1 {
+	if mask&hasFlags != 0 {
+		if r.Flags = d.u32(); r.Flags == 0 {
+			d.fail(errors.New("wire: empty reply flags"))
+		}
+	}
+	if mask >= hasFlags<<1 {
 		d.fail(fmt.Errorf("wire: unknown reply sections %#x", mask))
 	}
 	if err := d.end(); err != nil {

@@ -9,7 +9,7 @@ import (
 
 func sampleRequest() *Request {
 	return &Request{Op: OpRename, Ino: 7, Parent: 1, NewPar: 2, Name: "a", NewName: "b",
-		Mode: 0o644, Uid: 1000, Flags: 3, Off: 1 << 40, Size: 4096, Atime: -5,
+		Mode: 0o644, Uid: 1000, Umask: 0o22, Flags: 3, Off: 1 << 40, Size: 4096, Atime: -5,
 		LockMode: LockExclusive, Version: 9, Opens: 2, NoRedirect: true, Lk: PosixLk{Flock: true, Type: 1, Start: 1, End: 9, Pid: 4, Owner: 77},
 		Spans: []Span{{Off: 3, Len: 2}, {Off: 8, Len: 3}}, Data: []byte("hello")}
 }
@@ -30,7 +30,7 @@ func TestReplyRoundTrip(t *testing.T) {
 		Entries: []DirEntry{{Name: "f", Ino: 3, Mode: 0o100644, Off: 2}}, Data: []byte{1, 2},
 		Names: []string{"user.a"}, Session: &Session{ID: 5, Server: 1, Tau: 2e9, Delta: 0.05, GraceEnd: 3},
 		StatFs: &StatFs{Blocks: 1, NameLen: 255}, Grants: []Grant{{Ino: 3, Mode: LockShared, Seq: 4}},
-		Lk: &PosixLk{Type: 1, End: 5}, Opens: 3, Owner: 2}
+		Lk: &PosixLk{Type: 1, End: 5}, Opens: 3, Owner: 2, Flags: DirNoDefaultACL}
 	b := in.Append(nil)
 	out, err := ParseReply(b)
 	if err != nil {
