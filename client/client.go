@@ -8,8 +8,6 @@ package client
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -95,6 +93,7 @@ type Client struct {
 	cfg Config
 	log *slog.Logger
 	id  ids.ClientID
+	key *transport.ClientKey // proves id to every server (servers.go)
 	srv servers
 	clk clock.Real
 	// inFlight numbers the client's changes (wire.Request.ReqID: a
@@ -192,9 +191,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	c := &Client{cfg: cfg, log: cfg.Logger, id: ids.ClientID(binary.LittleEndian.Uint64(b[:])), cacheGen: 1,
+	key, err := transport.NewClientKey()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{cfg: cfg, log: cfg.Logger, id: key.ID(), key: key, cacheGen: 1,
 		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), recoverMu: newCtxMutex()}
 	c.life, c.abort = context.WithCancel(context.Background())
 	c.cache.SetDataBudget(cfg.CacheBytes)

@@ -79,7 +79,7 @@ var errServerLost = errors.New("client: server given up")
 func (c *Client) newConn(addr string) *conn {
 	host, _ := os.Hostname()
 	return &conn{addr: addr, open: newCtxMutex(), tr: transport.NewClient(addr, transport.ClientConfig{
-		Token: c.cfg.Token, ClientID: c.id, Hostname: host, Logger: c.cfg.Logger,
+		Token: c.cfg.Token, Key: c.key, Hostname: host, Logger: c.cfg.Logger,
 		Faults: c.cfg.Faults, Callback: c.onCallback, DialTimeout: c.cfg.DialTimeout,
 	})}
 }

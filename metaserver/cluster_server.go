@@ -171,7 +171,7 @@ func newClusterState(s *Server) *clusterState {
 // startNode starts the PaxosLease node once the transport listens.
 func (c *clusterState) startNode(id *transport.Identity, minEpoch ids.Epoch) error {
 	cfg := c.s.cfg
-	ncfg := cluster.DefaultConfig(cfg.ServerID, cfg.Peers, cfg.Dir, id.TokenValue())
+	ncfg := cluster.DefaultConfig(cfg.ServerID, cfg.Peers, cfg.Dir, id)
 	ncfg.LeaseTime = cfg.OwnershipLease
 	ncfg.Drift = cfg.ClockDrift
 	ncfg.MinEpoch = minEpoch

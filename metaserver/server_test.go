@@ -81,7 +81,7 @@ func TestBadNames(t *testing.T) {
 func TestMalformedAndUnknownSession(t *testing.T) {
 	s := startTestServer(t)
 	tok, _ := transport.ParseToken(s.Token())
-	tc := transport.NewClient(s.Addr().String(), transport.ClientConfig{Token: tok, ClientID: 42})
+	tc := transport.NewClient(s.Addr().String(), transport.ClientConfig{Token: tok})
 	defer tc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -96,11 +96,11 @@ func TestMalformedAndUnknownSession(t *testing.T) {
 		}
 		return rep
 	}
-	if rep := call(transport.Header{Client: 42, Seq: 1}, []byte{1, 2, 3}); rep.Code != wire.CodeBadMessage {
+	if rep := call(transport.Header{Client: tc.ID(), Seq: 1}, []byte{1, 2, 3}); rep.Code != wire.CodeBadMessage {
 		t.Fatalf("garbage: %v", rep.Code)
 	}
 	getattr := (&wire.Request{Op: wire.OpGetAttr, Ino: ids.RootIno}).Append(nil)
-	if rep := call(transport.Header{Client: 42, Session: 12345, Seq: 2}, getattr); rep.Code != wire.CodeNack {
+	if rep := call(transport.Header{Client: tc.ID(), Session: 12345, Seq: 2}, getattr); rep.Code != wire.CodeNack {
 		t.Fatalf("unknown session: %v, want NACK", rep.Code)
 	}
 	// The server still serves a proper client.
@@ -118,14 +118,14 @@ func TestRetryExecutesOnce(t *testing.T) {
 	ctx := context.Background()
 	_ = c
 	tok, _ := transport.ParseToken(s.Token())
-	tc := transport.NewClient(s.Addr().String(), transport.ClientConfig{Token: tok, ClientID: 7})
+	tc := transport.NewClient(s.Addr().String(), transport.ClientConfig{Token: tok})
 	defer tc.Close()
-	raw, err := tc.Call(ctx, transport.Header{Client: 7}, (&wire.Request{Op: wire.OpOpenSession}).Append(nil))
+	raw, err := tc.Call(ctx, transport.Header{Client: tc.ID()}, (&wire.Request{Op: wire.OpOpenSession}).Append(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rep, _ := wire.ParseReply(raw)
-	h := transport.Header{Client: 7, Session: rep.Session.ID, Seq: 1}
+	h := transport.Header{Client: tc.ID(), Session: rep.Session.ID, Seq: 1}
 	mkdir := (&wire.Request{Op: wire.OpMkdir, Parent: ids.RootIno, Name: "d", Mode: 0o40755}).Append(nil)
 	for i := 0; i < 2; i++ {
 		raw, err := tc.Call(ctx, h, mkdir)

@@ -27,13 +27,13 @@ func TestMalformedLogBounded(t *testing.T) {
 	}
 	t.Cleanup(func() { s.Close() })
 	tok, _ := transport.ParseToken(s.Token())
-	tc := transport.NewClient(s.Addr().String(), transport.ClientConfig{Token: tok, ClientID: 42})
+	tc := transport.NewClient(s.Addr().String(), transport.ClientConfig{Token: tok})
 	defer tc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	const n = 3 * ratelog.DefaultBurst
 	for i := range n {
-		raw, err := tc.Call(ctx, transport.Header{Client: 42, Seq: uint64(i + 1)}, []byte{1, 2, 3})
+		raw, err := tc.Call(ctx, transport.Header{Client: tc.ID(), Seq: uint64(i + 1)}, []byte{1, 2, 3})
 		if err != nil {
 			t.Fatal(err)
 		}

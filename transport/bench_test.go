@@ -35,7 +35,7 @@ func BenchmarkCallSmall(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: uint64(i + 1)}, body); err != nil {
+		if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: uint64(i + 1)}, body); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -52,7 +52,7 @@ func BenchmarkCallSmallParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		body := make([]byte, 64)
 		for pb.Next() {
-			if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: seq.Add(1)}, body); err != nil {
+			if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: seq.Add(1)}, body); err != nil {
 				b.Error(err)
 				return
 			}
@@ -69,7 +69,7 @@ func BenchmarkCall1MiBWrite(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: uint64(i + 1)}, body); err != nil {
+		if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: uint64(i + 1)}, body); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -84,7 +84,7 @@ func BenchmarkCall1MiBRead(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: uint64(i + 1)}, nil); err != nil {
+		if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: uint64(i + 1)}, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -102,7 +102,7 @@ func BenchmarkCall1MiBWriteParallel(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		body := make([]byte, 1<<20)
 		for pb.Next() {
-			if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: seq.Add(1)}, body); err != nil {
+			if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: seq.Add(1)}, body); err != nil {
 				b.Error(err)
 				return
 			}

@@ -20,7 +20,12 @@ import (
 
 // ClientConfig configures NewClient.
 type ClientConfig struct {
-	Token    Token
+	Token Token
+	// Key proves the client's id on every connection (nil: a fresh one;
+	// a client that talks to several servers gives each the same key).
+	Key *ClientKey
+	// ClientID is the id the client claims, by default Key's; a server
+	// refuses any other unless Key is the cluster's (Identity.PeerKey).
 	ClientID ids.ClientID
 	Hostname string // announced to the server for its logs
 	Logger   *slog.Logger
@@ -77,11 +82,24 @@ func NewClient(addr string, cfg ClientConfig) *Client {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = authTimeout
 	}
+	if cfg.Key == nil {
+		k, err := NewClientKey()
+		if err != nil {
+			panic(err) // crypto/rand does not fail
+		}
+		cfg.Key = k
+	}
+	if cfg.ClientID == 0 {
+		cfg.ClientID = cfg.Key.ID()
+	}
 	if len(cfg.Hostname) > maxHost {
 		cfg.Hostname = cfg.Hostname[:maxHost]
 	}
 	return &Client{addr: addr, cfg: cfg, log: orDiscard(cfg.Logger)}
 }
+
+// ID is the client id the client claims (ClientConfig).
+func (c *Client) ID() ids.ClientID { return c.cfg.ClientID }
 
 // Dial connects and authenticates now, so a mount can fail fast with a clear
 // error: ErrAuth, ErrWrongServer or ErrUnreachable (wrapped with details).
@@ -351,9 +369,10 @@ func (c *Client) dial(ctx context.Context) (*clientConn, error) {
 			}
 			return nil
 		},
-		ServerName: "leasefs",
-		NextProtos: []string{alpn},
-		MinVersion: tls.VersionTLS13,
+		ServerName:   "leasefs",
+		NextProtos:   []string{alpn},
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{c.cfg.Key.cert},
 	}
 	qc, err := tr.Dial(dctx, raddr, tlsConf, quicConfig(maxCallbackStreams))
 	if err != nil {

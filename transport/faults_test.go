@@ -73,7 +73,7 @@ func TestCallsUnderLossAndDup(t *testing.T) {
 				seq := uint64(w*25 + i + 1)
 				body := make([]byte, 100+int(seq)*300) // some calls span several packets
 				body[0] = byte(seq)
-				reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: seq}, body)
+				reply, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: seq}, body)
 				if err != nil {
 					errs <- fmt.Errorf("seq %d: %w", seq, err)
 					return
@@ -110,7 +110,7 @@ func TestDelayReorder(t *testing.T) {
 	for i := range 30 {
 		body := make([]byte, 5000)
 		body[4999] = byte(i)
-		reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: uint64(i + 1)}, body)
+		reply, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: uint64(i + 1)}, body)
 		if err != nil || len(reply) != 5003 || reply[5002] != byte(i) {
 			t.Fatalf("call %d: %v", i, err)
 		}
@@ -136,7 +136,7 @@ func TestLostReplyExecutedOnce(t *testing.T) {
 	}
 	s := listen(t, ServerConfig{Faults: sf}, h)
 	c := client(t, s.Addr().String(), ClientConfig{AttemptTimeout: 150 * time.Millisecond})
-	reply, err := c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 1}, []byte("mkdir"))
+	reply, err := c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 1}, []byte("mkdir"))
 	if err != nil || string(reply) != "done" {
 		t.Fatalf("%q %v", reply, err)
 	}
@@ -162,7 +162,7 @@ func TestDuplicateInFlightWaits(t *testing.T) {
 	var logged atomic.Int32
 	c.log = slog.New(countHandler{&logged})
 	time.AfterFunc(600*time.Millisecond, func() { close(release) })
-	reply, err := c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 1}, nil)
+	reply, err := c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 1}, nil)
 	if err != nil || string(reply) != "slow" {
 		t.Fatalf("%q %v", reply, err)
 	}
@@ -197,7 +197,7 @@ func TestLostConnectionExecutedOnce(t *testing.T) {
 	}
 	s := listen(t, ServerConfig{}, h)
 	c := client(t, s.Addr().String(), ClientConfig{})
-	reply, err := c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 1}, nil)
+	reply, err := c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 1}, nil)
 	if err != nil || string(reply) != "once" {
 		t.Fatalf("%q %v", reply, err)
 	}
@@ -205,9 +205,9 @@ func TestLostConnectionExecutedOnce(t *testing.T) {
 		t.Fatalf("ran %d times", runs.Load())
 	}
 	// a new seq runs; ForgetSession makes an old seq run again
-	c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 2}, nil)
-	s.ForgetSession(7, 1)
-	c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 1}, nil)
+	c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 2}, nil)
+	s.ForgetSession(cid, 1)
+	c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 1}, nil)
 	if runs.Load() != 3 {
 		t.Fatalf("ran %d times, want 3", runs.Load())
 	}
@@ -218,14 +218,14 @@ func TestLostConnectionExecutedOnce(t *testing.T) {
 func TestBriefPartition(t *testing.T) {
 	_, c, _, cf := faultPair(t, FaultSpec{}, echo, ClientConfig{})
 	ctx := ctxT(t, 20*time.Second)
-	if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 1}, nil); err != nil {
+	if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: 1}, nil); err != nil {
 		t.Fatal(err)
 	}
 	conn := c.cur
 	cf.Cut(true)
 	time.AfterFunc(time.Second, func() { cf.Cut(false) })
 	start := time.Now()
-	reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 2}, []byte("x"))
+	reply, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: 2}, []byte("x"))
 	if err != nil || string(reply) != "re:x" {
 		t.Fatalf("%q %v", reply, err)
 	}
@@ -239,7 +239,7 @@ func TestBriefPartition(t *testing.T) {
 	cf.Cut(true)
 	short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if _, err := c.Call(short, Header{Client: 7, Session: 1, Seq: 3}, nil); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := c.Call(short, Header{Client: cid, Session: 1, Seq: 3}, nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("cut call: %v", err)
 	}
 	cf.Cut(false)
@@ -255,7 +255,7 @@ func TestServerRestart(t *testing.T) {
 			addr := s.Addr().String()
 			c := client(t, addr, ClientConfig{})
 			ctx := ctxT(t, 20*time.Second)
-			if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 1}, nil); err != nil {
+			if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: 1}, nil); err != nil {
 				t.Fatal(err)
 			}
 			old := c.cur
@@ -272,7 +272,7 @@ func TestServerRestart(t *testing.T) {
 			}
 			defer s2.Close()
 			start := time.Now()
-			reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 2}, nil)
+			reply, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: 2}, nil)
 			if err != nil || string(reply) != "new" {
 				t.Fatalf("%q %v", reply, err)
 			}

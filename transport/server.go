@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -79,6 +80,8 @@ type Server struct {
 	cbSeq atomic.Uint64
 	warns *ratelog.Limiter // a peer's malformed requests log a few lines, not one each
 
+	certHash [32]byte // the cluster's certificate: a peer server presents it too
+
 	mu       sync.Mutex
 	closed   bool
 	latest   map[ids.ClientID]*ServerConn // a client's most recent authenticated connection
@@ -91,6 +94,7 @@ type ServerConn struct {
 	qc     *quic.Conn
 	client ids.ClientID
 	host   string
+	peer   bool // proved the cluster's private key (a server)
 }
 
 // RemoteAddr is the client's address.
@@ -102,6 +106,10 @@ func (c *ServerConn) Client() ids.ClientID { return c.client }
 // Host is the hostname the client announced (for logs and admin output; not
 // verified).
 func (c *ServerConn) Host() string { return c.host }
+
+// Peer reports whether the connection proved it holds the cluster's
+// private key: another server of the cluster (ClientKey).
+func (c *ServerConn) Peer() bool { return c.peer }
 
 // Listen starts a server on addr ("host:port"; port 0 picks one).
 func Listen(addr string, cfg ServerConfig, h Handler) (*Server, error) {
@@ -134,6 +142,10 @@ func Listen(addr string, cfg ServerConfig, h Handler) (*Server, error) {
 		Certificates: []tls.Certificate{cfg.Identity.Cert},
 		NextProtos:   []string{alpn},
 		MinVersion:   tls.VersionTLS13,
+		// Any certificate, no CA: the key in it is what the client id
+		// is checked against (ClientKey). TLS checks that the client
+		// holds its private key.
+		ClientAuth: tls.RequireAnyClientCert,
 	}
 	ln, err := tr.Listen(tlsConf, quicConfig(maxStreams))
 	if err != nil {
@@ -145,6 +157,7 @@ func Listen(addr string, cfg ServerConfig, h Handler) (*Server, error) {
 	s := &Server{
 		cfg: cfg, h: h, log: orDiscard(cfg.Logger), warns: ratelog.New(),
 		udp: udp, tr: tr, ln: ln, ctx: ctx, stop: stop,
+		certHash: cfg.Identity.CertHash(),
 		latest:   make(map[ids.ClientID]*ServerConn),
 		conns:    make(map[*ServerConn]struct{}),
 		sessions: make(map[sessionKey]*replyCache),
@@ -327,26 +340,42 @@ func (s *Server) authenticate(qc *quic.Conn) (*ServerConn, error) {
 		qc.CloseWithError(closeProto, "bad hello")
 		return nil, err
 	}
-	want, err := authProof(s.cfg.Identity.Secret, qc.ConnectionState().TLS)
+	tlsState := qc.ConnectionState().TLS
+	want, err := authProof(s.cfg.Identity.Secret, tlsState)
 	if err != nil {
 		qc.CloseWithError(closeProto, "tls exporter")
 		return nil, err
 	}
 	var scratch []byte
-	if !hmac.Equal(want[:], m.proof[:]) {
-		s.warns.Warn(s.log, ratelog.Peer(qc.RemoteAddr().String()), "refused client: bad token", "addr", qc.RemoteAddr(), "client", f.Client, "host", m.host)
-		writeFrame(st, &scratch, kindRefused, f.Header, []byte("bad token"), nil)
+	refuse := func(why string) error {
+		writeFrame(st, &scratch, kindRefused, f.Header, []byte(why), nil)
 		st.Close()
 		// The close code tells the client too, should the frame not arrive first.
-		qc.CloseWithError(closeRefused, "bad token")
-		return nil, ErrAuth
+		qc.CloseWithError(closeRefused, why)
+		return ErrAuth
+	}
+	peer := ratelog.Peer(qc.RemoteAddr().String())
+	if !hmac.Equal(want[:], m.proof[:]) {
+		s.warns.Warn(s.log, peer, "refused client: bad token", "addr", qc.RemoteAddr(), "client", f.Client, "host", m.host)
+		return nil, refuse("bad token")
+	}
+	if len(tlsState.PeerCertificates) == 0 { // TLS requires one; never trust that alone
+		return nil, refuse("no client certificate")
+	}
+	cert := tlsState.PeerCertificates[0]
+	sc := &ServerConn{qc: qc, client: f.Client, host: m.host, peer: sha256.Sum256(cert.Raw) == s.certHash}
+	if !sc.peer && f.Client != clientIDOf(cert) {
+		// The id is the key's: whoever learnt another client's id
+		// cannot take over its callbacks or its session.
+		s.warns.Warn(s.log, peer, "refused client: id not its key's", "addr", qc.RemoteAddr(), "client", f.Client, "host", m.host)
+		return nil, refuse(fmt.Sprintf("client id %v is not the one of the connection's key", f.Client))
 	}
 	if err := writeFrame(st, &scratch, kindHelloOK, f.Header, nil, nil); err != nil {
 		qc.CloseWithError(closeProto, "hello reply")
 		return nil, err
 	}
 	st.Close()
-	return &ServerConn{qc: qc, client: f.Client, host: m.host}, nil
+	return sc, nil
 }
 
 // serveStream serves requests on one long-lived stream, one at a time, until

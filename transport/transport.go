@@ -6,7 +6,11 @@
 // trusting a CA, and the secret, which it proves on the first stream of every
 // connection (HMAC-SHA256 of TLS exporter material, so a proof cannot be
 // replayed on another connection). The server serves nothing on a connection
-// before that proof checks out.
+// before that proof checks out. A client also presents a key of its own as
+// a TLS client certificate (ClientKey): its client id is derived from that
+// key, so a connection can claim no other client's id, and only the holder
+// gets a client's callbacks. Servers present the cluster's own key, which
+// lets them claim their peer ids.
 //
 // Every request carries a Header (client, session, seq). The server keeps a
 // bounded reply cache per (client, session): a request whose seq it has seen

@@ -14,14 +14,23 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
-
-	"github.com/leasefs/leasefs/internal/ids"
 )
 
 var (
 	testIDOnce sync.Once
 	testID     *Identity
+	// testKey is the tests' clients' key, and cid its client id
+	testKey = mustKey()
+	cid     = testKey.ID()
 )
+
+func mustKey() *ClientKey {
+	k, err := NewClientKey()
+	if err != nil {
+		panic(err)
+	}
+	return k
+}
 
 // identity returns one identity shared by the tests (key generation is the
 // slow part of setup).
@@ -59,8 +68,8 @@ func client(t testing.TB, addr string, cfg ClientConfig) *Client {
 	if cfg.Token == (Token{}) {
 		cfg.Token = identity(t).TokenValue()
 	}
-	if cfg.ClientID == 0 {
-		cfg.ClientID = 7
+	if cfg.Key == nil {
+		cfg.Key = testKey
 	}
 	if cfg.Hostname == "" {
 		cfg.Hostname = "testhost"
@@ -82,17 +91,17 @@ func TestCallRoundTrip(t *testing.T) {
 		gotConn.Store(r.Conn)
 		return echo(ctx, r)
 	})
-	c := client(t, s.Addr().String(), ClientConfig{ClientID: 42, Hostname: "box1"})
+	c := client(t, s.Addr().String(), ClientConfig{Hostname: "box1"})
 	ctx := ctxT(t, 10*time.Second)
 	if err := c.Dial(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !s.Connected(42) {
-		t.Fatal("server does not see client 42 connected")
+	if c.ID() != cid || !s.Connected(cid) {
+		t.Fatalf("server does not see client %v (%v) connected", c.ID(), cid)
 	}
 	for i := range 50 {
 		body := fmt.Appendf(nil, "hello %d", i)
-		reply, err := c.Call(ctx, Header{Client: 42, Session: 1, Seq: uint64(i + 1)}, body)
+		reply, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: uint64(i + 1)}, body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,13 +110,13 @@ func TestCallRoundTrip(t *testing.T) {
 		}
 	}
 	sc := gotConn.Load()
-	if sc.Client() != 42 || sc.Host() != "box1" || sc.RemoteAddr() == nil {
+	if sc.Client() != cid || sc.Host() != "box1" || sc.RemoteAddr() == nil || sc.Peer() {
 		t.Fatalf("conn: client %v host %q addr %v", sc.Client(), sc.Host(), sc.RemoteAddr())
 	}
 	// empty bodies both ways
 	s2 := listen(t, ServerConfig{}, func(context.Context, *Request) []byte { return nil })
 	c2 := client(t, s2.Addr().String(), ClientConfig{})
-	reply, err := c2.Call(ctx, Header{Client: 7, Session: 1, Seq: 1}, nil)
+	reply, err := c2.Call(ctx, Header{Client: cid, Session: 1, Seq: 1}, nil)
 	if err != nil || len(reply) != 0 {
 		t.Fatalf("empty call: %q, %v", reply, err)
 	}
@@ -128,7 +137,7 @@ func TestConcurrentCalls(t *testing.T) {
 			for range 20 {
 				n := seq.Add(1)
 				body := fmt.Appendf(nil, "%d", n)
-				reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: n}, body)
+				reply, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: n}, body)
 				if err != nil {
 					errs <- err
 					return
@@ -179,7 +188,7 @@ func TestAuthWrongSecret(t *testing.T) {
 		t.Fatalf("Dial: %v, want ErrAuth", err)
 	}
 	// Call must not retry a refusal forever.
-	_, err = c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 1}, []byte("x"))
+	_, err = c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 1}, []byte("x"))
 	if !errors.Is(err, ErrAuth) {
 		t.Fatalf("Call: %v, want ErrAuth", err)
 	}
@@ -189,7 +198,7 @@ func TestAuthWrongSecret(t *testing.T) {
 	if served.Load() != 0 {
 		t.Fatal("handler ran for an unauthenticated client")
 	}
-	if s.Connected(7) {
+	if s.Connected(cid) {
 		t.Fatal("refused client counts as connected")
 	}
 	if l := logs.String(); !strings.Contains(l, "refused client: bad token") || !strings.Contains(l, "127.0.0.1:") {
@@ -211,7 +220,7 @@ func TestAuthWrongCert(t *testing.T) {
 	if !errors.Is(err, ErrWrongServer) {
 		t.Fatalf("Dial: %v, want ErrWrongServer", err)
 	}
-	_, err = c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 1}, nil)
+	_, err = c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 1}, nil)
 	if !errors.Is(err, ErrWrongServer) {
 		t.Fatalf("Call: %v, want ErrWrongServer", err)
 	}
@@ -233,7 +242,7 @@ func TestDialUnreachable(t *testing.T) {
 	// Call keeps trying until its context ends.
 	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()
-	_, err = c.Call(ctx, Header{Client: 7, Session: 1, Seq: 1}, nil)
+	_, err = c.Call(ctx, Header{Client: cid, Session: 1, Seq: 1}, nil)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Call: %v, want deadline exceeded", err)
 	}
@@ -242,12 +251,12 @@ func TestDialUnreachable(t *testing.T) {
 func TestCallback(t *testing.T) {
 	s := listen(t, ServerConfig{}, echo)
 	var got atomic.Value
-	c := client(t, s.Addr().String(), ClientConfig{ClientID: 9, Callback: func(_ context.Context, body []byte) []byte {
+	c := client(t, s.Addr().String(), ClientConfig{Callback: func(_ context.Context, body []byte) []byte {
 		got.Store(string(body))
 		return append([]byte("ack:"), body...)
 	}})
 	ctx := ctxT(t, 10*time.Second)
-	if _, err := s.Callback(ctx, 9, []byte("revoke")); !errors.Is(err, ErrNotConnected) {
+	if _, err := s.Callback(ctx, cid, []byte("revoke")); !errors.Is(err, ErrNotConnected) {
 		t.Fatalf("callback before connect: %v, want ErrNotConnected", err)
 	}
 	if err := c.Dial(ctx); err != nil {
@@ -255,7 +264,7 @@ func TestCallback(t *testing.T) {
 	}
 	for i := range 5 {
 		body := fmt.Appendf(nil, "revoke %d", i)
-		reply, err := s.Callback(ctx, 9, body)
+		reply, err := s.Callback(ctx, cid, body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -266,11 +275,11 @@ func TestCallback(t *testing.T) {
 	// a client that is gone: fail fast
 	c.Close()
 	deadline := time.Now().Add(5 * time.Second)
-	for s.Connected(9) && time.Now().Before(deadline) {
+	for s.Connected(cid) && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	start := time.Now()
-	if _, err := s.Callback(ctx, 9, []byte("x")); !errors.Is(err, ErrNotConnected) {
+	if _, err := s.Callback(ctx, cid, []byte("x")); !errors.Is(err, ErrNotConnected) {
 		t.Fatalf("callback after close: %v, want ErrNotConnected", err)
 	}
 	if time.Since(start) > time.Second {
@@ -282,7 +291,7 @@ func TestCallbackTimeout(t *testing.T) {
 	s := listen(t, ServerConfig{}, echo)
 	block := make(chan struct{})
 	defer close(block)
-	c := client(t, s.Addr().String(), ClientConfig{ClientID: 9, Callback: func(ctx context.Context, body []byte) []byte {
+	c := client(t, s.Addr().String(), ClientConfig{Callback: func(ctx context.Context, body []byte) []byte {
 		<-block
 		return nil
 	}})
@@ -291,7 +300,7 @@ func TestCallbackTimeout(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	_, err := s.Callback(ctx, 9, []byte("x"))
+	_, err := s.Callback(ctx, cid, []byte("x"))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("callback: %v, want deadline exceeded", err)
 	}
@@ -306,14 +315,14 @@ func TestTooLarge(t *testing.T) {
 	})
 	c := client(t, s.Addr().String(), ClientConfig{})
 	ctx := ctxT(t, 10*time.Second)
-	if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 1}, make([]byte, MaxBody+1)); !errors.Is(err, ErrTooLarge) {
+	if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: 1}, make([]byte, MaxBody+1)); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("oversized request: %v", err)
 	}
-	if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 2}, []byte("big")); !errors.Is(err, ErrTooLarge) {
+	if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: 2}, []byte("big")); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("oversized reply: %v", err)
 	}
 	// exactly MaxBody is fine, and the client still works
-	reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 3}, make([]byte, MaxBody))
+	reply, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: 3}, make([]byte, MaxBody))
 	if err != nil || string(reply) != "ok" {
 		t.Fatalf("MaxBody request: %q, %v", reply, err)
 	}
@@ -335,7 +344,7 @@ func TestLargeCalls(t *testing.T) {
 		for j := range body {
 			body[j] = byte(j*7 + i)
 		}
-		reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: uint64(i + 1)}, body)
+		reply, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: uint64(i + 1)}, body)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -351,11 +360,11 @@ func TestClosedClient(t *testing.T) {
 	s := listen(t, ServerConfig{}, echo)
 	c := client(t, s.Addr().String(), ClientConfig{})
 	ctx := ctxT(t, 10*time.Second)
-	if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 1}, nil); err != nil {
+	if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: 1}, nil); err != nil {
 		t.Fatal(err)
 	}
 	c.Close()
-	if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 2}, nil); !errors.Is(err, ErrClosed) {
+	if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: 2}, nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("call after close: %v", err)
 	}
 }
@@ -363,8 +372,8 @@ func TestClosedClient(t *testing.T) {
 func TestClientIDMustMatchConnection(t *testing.T) {
 	var served atomic.Int32
 	s := listen(t, ServerConfig{}, func(context.Context, *Request) []byte { served.Add(1); return nil })
-	c := client(t, s.Addr().String(), ClientConfig{ClientID: 1})
-	_, err := c.Call(ctxT(t, 10*time.Second), Header{Client: ids.ClientID(2), Session: 1, Seq: 1}, nil)
+	c := client(t, s.Addr().String(), ClientConfig{})
+	_, err := c.Call(ctxT(t, 10*time.Second), Header{Client: cid + 1, Session: 1, Seq: 1}, nil)
 	if !errors.Is(err, ErrProtocol) {
 		t.Fatalf("spoofed client id: %v, want ErrProtocol", err)
 	}
@@ -375,7 +384,7 @@ func TestClientIDMustMatchConnection(t *testing.T) {
 
 // rawStream opens a request stream on an authenticated connection, for
 // sending frames the Client would never send.
-func rawStream(t *testing.T, c *Client) *quic.Stream {
+func rawStream(t testing.TB, c *Client) *quic.Stream {
 	t.Helper()
 	cc, err := c.conn(ctxT(t, 10*time.Second))
 	if err != nil {
@@ -402,16 +411,16 @@ func TestBadFramesFromPeer(t *testing.T) {
 		log  string
 	}{
 		{"unknown version", func() []byte {
-			b := appendFrame(nil, frame{kind: kindRequest, Header: Header{Client: 7, Session: 1, Seq: 1}})
+			b := appendFrame(nil, frame{kind: kindRequest, Header: Header{Client: cid, Session: 1, Seq: 1}})
 			b[4] = 9
 			return b
 		}, ErrProtocol, "unsupported frame version"},
 		{"oversized", func() []byte {
-			b := appendHead(nil, kindRequest, Header{Client: 7, Session: 1, Seq: 2}, MaxBody+1)
+			b := appendHead(nil, kindRequest, Header{Client: cid, Session: 1, Seq: 2}, MaxBody+1)
 			return append(b, make([]byte, 1000)...) // the rest never comes
 		}, ErrTooLarge, "request too large"},
 		{"wrong kind", func() []byte {
-			return appendFrame(nil, frame{kind: kindCallbackReply, Header: Header{Client: 7, Session: 1, Seq: 3}})
+			return appendFrame(nil, frame{kind: kindCallbackReply, Header: Header{Client: cid, Session: 1, Seq: 3}})
 		}, ErrProtocol, ""},
 	}
 	for _, tc := range cases {
@@ -438,7 +447,7 @@ func TestBadFramesFromPeer(t *testing.T) {
 		t.Fatal("a bad frame reached the handler")
 	}
 	// the connection still serves proper calls
-	if r, err := c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 10}, nil); err != nil || string(r) != "ok" {
+	if r, err := c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 10}, nil); err != nil || string(r) != "ok" {
 		t.Fatalf("after bad frames: %q %v", r, err)
 	}
 }
@@ -451,18 +460,18 @@ func TestEvictedSeqRefused(t *testing.T) {
 	c := client(t, s.Addr().String(), ClientConfig{})
 	ctx := ctxT(t, 10*time.Second)
 	for seq := uint64(1); seq <= 10; seq++ {
-		if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: seq}, nil); err != nil {
+		if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: seq}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 2}, nil); !errors.Is(err, ErrReplyEvicted) {
+	if _, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: 2}, nil); !errors.Is(err, ErrReplyEvicted) {
 		t.Fatalf("old seq: %v", err)
 	}
 	if runs.Load() != 10 {
 		t.Fatalf("ran %d times", runs.Load())
 	}
 	// other sessions are independent
-	if _, err := c.Call(ctx, Header{Client: 7, Session: 2, Seq: 2}, nil); err != nil {
+	if _, err := c.Call(ctx, Header{Client: cid, Session: 2, Seq: 2}, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -480,10 +489,10 @@ func TestCloseDoesNotHangOrLeak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := NewClient(s.Addr().String(), ClientConfig{Token: identity(t).TokenValue(), ClientID: 7})
+	c := NewClient(s.Addr().String(), ClientConfig{Token: identity(t).TokenValue(), Key: testKey})
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Call(context.Background(), Header{Client: 7, Session: 1, Seq: 1}, nil)
+		_, err := c.Call(context.Background(), Header{Client: cid, Session: 1, Seq: 1}, nil)
 		done <- err
 	}()
 	time.Sleep(100 * time.Millisecond)
@@ -551,7 +560,7 @@ func TestIdempotentRerun(t *testing.T) {
 	for i := range want {
 		want[i] = byte(i % 251)
 	}
-	h := Header{Client: 7, Session: 1, Seq: 1}
+	h := Header{Client: cid, Session: 1, Seq: 1}
 	for i := range 2 {
 		got, err := c.Call(ctx, h, []byte("read"))
 		if err != nil || !bytes.Equal(got, want) {
@@ -585,14 +594,14 @@ func TestNoReplyWhileClosing(t *testing.T) {
 		return []byte("done")
 	})
 	c := client(t, s.Addr().String(), ClientConfig{})
-	if reply, err := c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 1}, nil); err != nil || string(reply) != "done" {
+	if reply, err := c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 1}, nil); err != nil || string(reply) != "done" {
 		t.Fatalf("before closing: %q %v", reply, err)
 	}
 	// the first step of Close, with the connection still up
 	s.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	reply, err := c.Call(ctx, Header{Client: 7, Session: 1, Seq: 2}, nil)
+	reply, err := c.Call(ctx, Header{Client: cid, Session: 1, Seq: 2}, nil)
 	if err == nil {
 		t.Fatalf("a closing server answered %q", reply)
 	}

@@ -20,7 +20,7 @@ func TestRefusalsLogBounded(t *testing.T) {
 	tok.Secret[0] ^= 1
 	const attempts = 3 * ratelog.DefaultBurst
 	for i := range attempts {
-		c := NewClient(s.Addr().String(), ClientConfig{Token: tok, ClientID: 7, Hostname: "testhost"})
+		c := NewClient(s.Addr().String(), ClientConfig{Token: tok, Key: testKey, Hostname: "testhost"})
 		if err := c.Dial(ctxT(t, 10*time.Second)); !errors.Is(err, ErrAuth) {
 			t.Fatalf("attempt %d: %v, want ErrAuth", i, err)
 		}
@@ -34,7 +34,7 @@ func TestRefusalsLogBounded(t *testing.T) {
 	c := client(t, s.Addr().String(), ClientConfig{})
 	for i := range attempts {
 		st := rawStream(t, c)
-		b := appendFrame(nil, frame{kind: kindRequest, Header: Header{Client: 7, Session: 1, Seq: uint64(i + 1)}})
+		b := appendFrame(nil, frame{kind: kindRequest, Header: Header{Client: cid, Session: 1, Seq: uint64(i + 1)}})
 		b[4] = 9 // unknown frame version
 		if _, err := st.Write(b); err != nil {
 			t.Fatal(err)
@@ -48,7 +48,7 @@ func TestRefusalsLogBounded(t *testing.T) {
 		t.Fatalf("%d bad frames logged %d lines, want at most %d", attempts, n, ratelog.DefaultBurst+1)
 	}
 	// the connection still serves proper calls
-	if r, err := c.Call(ctxT(t, 10*time.Second), Header{Client: 7, Session: 1, Seq: 1000}, []byte("x")); err != nil || string(r) != "re:x" {
+	if r, err := c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 1000}, []byte("x")); err != nil || string(r) != "re:x" {
 		t.Fatalf("after bad frames: %q %v", r, err)
 	}
 }

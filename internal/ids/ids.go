@@ -23,7 +23,8 @@ type ServerID uint8
 
 func (s ServerID) String() string { return fmt.Sprintf("server:%d", uint8(s)) }
 
-// ClientID identifies a client (one mount process), chosen at random by it.
+// ClientID identifies a client (one mount process): the hash of the key it
+// proves on every connection (transport.ClientKey), so no other can claim it.
 type ClientID uint64
 
 func (c ClientID) String() string { return fmt.Sprintf("client:%016x", uint64(c)) }

@@ -28,8 +28,11 @@ type Config struct {
 	// MinEpoch is the highest epoch this server has persisted (in its
 	// records); the first ballot exceeds it.
 	MinEpoch ids.Epoch
-	// Token is the cluster's token (all servers share one Identity).
-	Token transport.Token
+	// Identity is the cluster's (all servers share one): its token to
+	// reach the others, and its key to prove to them that this is a
+	// server of the cluster (transport.Identity.PeerKey), which clients,
+	// holding the token only, cannot.
+	Identity *transport.Identity
 
 	// LeaseTime is T, Drift δ (see paxos.Config).
 	LeaseTime time.Duration
@@ -64,12 +67,12 @@ type Config struct {
 
 // DefaultConfig returns DESIGN.md's defaults (T = 2 s, δ = 0.05) for server
 // id of the cluster peers, keeping its boot counter in dir.
-func DefaultConfig(id ids.ServerID, peers map[ids.ServerID]string, dir string, token transport.Token) Config {
+func DefaultConfig(id ids.ServerID, peers map[ids.ServerID]string, dir string, identity *transport.Identity) Config {
 	return Config{
 		ID:        id,
 		Peers:     peers,
 		Dir:       dir,
-		Token:     token,
+		Identity:  identity,
 		LeaseTime: 2 * time.Second,
 		Drift:     0.05,
 	}
@@ -137,8 +140,8 @@ func (c Config) Validate() error {
 		return bad("no peers")
 	case c.Dir == "":
 		return bad("no data directory")
-	case c.Token == transport.Token{}:
-		return bad("no cluster token")
+	case c.Identity == nil:
+		return bad("no cluster identity")
 	case c.SendTimeout <= 0 || c.SendTimeout > c.LeaseTime:
 		return bad("send timeout %v outside (0, T=%v]", c.SendTimeout, c.LeaseTime)
 	case c.IdleRelease < c.LeaseTime:

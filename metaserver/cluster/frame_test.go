@@ -144,7 +144,7 @@ func TestBadFrames(t *testing.T) {
 		t.Logf("%s: %v", tc.name, err)
 	}
 	// the same over the network, from a raw transport client
-	raw := transport.NewClient(c.servers[1].addr, transport.ClientConfig{Token: testIdentity(t).TokenValue(), ClientID: peer2})
+	raw := transport.NewClient(c.servers[1].addr, transport.ClientConfig{Token: testIdentity(t).TokenValue(), Key: testIdentity(t).PeerKey(peer2)})
 	defer raw.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -155,8 +155,20 @@ func TestBadFrames(t *testing.T) {
 	if _, err := parseReply(reply); !errors.Is(err, ErrRemote) {
 		t.Fatalf("over the network: %v, want an error reply", err)
 	}
+	// a token holder that is no server (it cannot claim a peer id: the
+	// transport refuses it) sends a well-formed frame under its own id
+	client := transport.NewClient(c.servers[1].addr, transport.ClientConfig{Token: testIdentity(t).TokenValue()})
+	defer client.Close()
+	if _, err := client.Call(ctx, transport.Header{Client: client.ID(), Session: 1, Seq: 1}, good); err != nil {
+		t.Fatal(err)
+	}
+	impostor := transport.NewClient(c.servers[1].addr, transport.ClientConfig{Token: testIdentity(t).TokenValue(), ClientID: peer2})
+	defer impostor.Close()
+	if err := impostor.Dial(ctx); !errors.Is(err, transport.ErrAuth) {
+		t.Fatalf("a client claiming a peer id: %v, want ErrAuth", err)
+	}
 	st := n.Stats()
-	if want := uint64(len(cases) + 1); st.BadFrames != want || st.MsgsRecv != 0 || st.CallsRecv != 0 || called {
+	if want := uint64(len(cases) + 2); st.BadFrames != want || st.MsgsRecv != 0 || st.CallsRecv != 0 || called {
 		t.Fatalf("stats %+v (want %d bad frames, nothing received), handler called %v", st, want, called)
 	}
 	accepted := func() bool {
@@ -212,9 +224,9 @@ func TestCall(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	tok := testIdentity(t).TokenValue()
+	ident := testIdentity(t)
 	peers := map[ids.ServerID]string{1: "a:1", 2: "b:1", 3: "c:1"}
-	ok := DefaultConfig(1, peers, t.TempDir(), tok)
+	ok := DefaultConfig(1, peers, t.TempDir(), ident)
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +238,7 @@ func TestConfigValidate(t *testing.T) {
 		"no address":     func(c *Config) { c.Peers = map[ids.ServerID]string{1: "a:1", 2: ""} },
 		"shared address": func(c *Config) { c.Peers = map[ids.ServerID]string{1: "a:1", 2: "b:1", 3: "b:1"} },
 		"no dir":         func(c *Config) { c.Dir = "" },
-		"no token":       func(c *Config) { c.Token = transport.Token{} },
+		"no identity":    func(c *Config) { c.Identity = nil },
 		"no lease":       func(c *Config) { c.LeaseTime = 0 },
 		"drift":          func(c *Config) { c.Drift = 1 },
 		"quarantine":     func(c *Config) { c.Quarantine = c.LeaseTime },
@@ -241,7 +253,7 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("%s: Validate = %v, want ErrConfig", name, err)
 		}
 	}
-	single := DefaultConfig(5, map[ids.ServerID]string{5: ""}, t.TempDir(), tok)
+	single := DefaultConfig(5, map[ids.ServerID]string{5: ""}, t.TempDir(), ident)
 	if err := single.Validate(); err != nil {
 		t.Fatalf("one-server cluster: %v", err)
 	}
@@ -271,7 +283,7 @@ func TestBootCounter(t *testing.T) {
 // TestSingleServer: a one-server cluster acquires at once after its
 // quarantine, without the network.
 func TestSingleServer(t *testing.T) {
-	cfg := DefaultConfig(1, map[ids.ServerID]string{1: ""}, t.TempDir(), testIdentity(t).TokenValue())
+	cfg := DefaultConfig(1, map[ids.ServerID]string{1: ""}, t.TempDir(), testIdentity(t))
 	cfg.LeaseTime = testLease
 	n, err := New(cfg)
 	if err != nil {

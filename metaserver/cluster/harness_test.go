@@ -115,7 +115,7 @@ func (c *testCluster) listen(s *testServer, addr string) {
 
 func (c *testCluster) config(id ids.ServerID) Config {
 	s := c.servers[id]
-	cfg := DefaultConfig(id, c.peers, s.dir, testIdentity(c.t).TokenValue())
+	cfg := DefaultConfig(id, c.peers, s.dir, testIdentity(c.t))
 	cfg.LeaseTime = testLease
 	cfg.IdleRelease = time.Minute
 	cfg.Faults = s.faults

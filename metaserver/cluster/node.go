@@ -446,6 +446,10 @@ func (n *Node) checkFrame(req *transport.Request) (frame, error) {
 	}
 	from, ok := PeerOf(req.Client)
 	switch {
+	case req.Conn != nil && !req.Conn.Peer():
+		// a token holder, not a server: only connections that proved the
+		// cluster's key speak for a server (transport.ClientKey)
+		return f, badFrame("%v did not prove the cluster's key", req.Client)
 	case !ok:
 		return f, badFrame("%v is not a peer client id", req.Client)
 	case from != f.from:

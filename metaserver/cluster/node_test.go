@@ -616,7 +616,7 @@ func TestShutdown(t *testing.T) {
 // BenchmarkOwns measures the ownership check the metaserver makes before
 // every change: a round trip through the node's goroutine.
 func BenchmarkOwns(b *testing.B) {
-	cfg := DefaultConfig(1, map[ids.ServerID]string{1: ""}, b.TempDir(), testIdentity(b).TokenValue())
+	cfg := DefaultConfig(1, map[ids.ServerID]string{1: ""}, b.TempDir(), testIdentity(b))
 	cfg.LeaseTime = testLease
 	n, err := New(cfg)
 	if err != nil {

@@ -115,8 +115,8 @@ func newPeers(cfg *Config, boot uint16, st *counters) *Peers {
 		addr := cfg.Peers[id]
 		l := &link{id: id, addr: addr, wake: make(chan struct{}, 1)}
 		ccfg := transport.ClientConfig{
-			Token:       cfg.Token,
-			ClientID:    PeerClientID(cfg.ID),
+			Token:       cfg.Identity.TokenValue(),
+			Key:         cfg.Identity.PeerKey(PeerClientID(cfg.ID)),
 			Hostname:    fmt.Sprintf("leasefs-server-%d", cfg.ID),
 			Logger:      cfg.Logger,
 			Faults:      cfg.Faults,
