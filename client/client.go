@@ -105,8 +105,10 @@ type Client struct {
 	// already come in, hence atomic.
 	hooks atomic.Pointer[Hooks]
 
-	mu    sync.Mutex
-	seq   uint64
+	mu  sync.Mutex
+	seq uint64
+	// seqs: the seqs chosen and not done with (servers.go)
+	seqs  seqsInFlight
 	cache *cache.Cache
 	// cacheGen counts cache drops (from 1): changes buffered in an earlier
 	// generation were made under locks since lost (dirtyFile.gen).
@@ -277,8 +279,7 @@ func (c *Client) openSession(ctx context.Context, cn *conn) error {
 		// Sequence numbers never restart: the server's reply cache must
 		// not mistake this open for an earlier one.
 		c.mu.Lock()
-		c.seq++
-		h := transport.Header{Client: c.id, Seq: c.seq}
+		h := transport.Header{Client: c.id, Seq: c.nextSeq()}
 		c.mu.Unlock()
 		sent := c.clk.Now()
 		actx, cancel := ctx, context.CancelFunc(func() {})
@@ -287,6 +288,7 @@ func (c *Client) openSession(ctx context.Context, cn *conn) error {
 		}
 		raw, err := cn.tr.Call(actx, h, body)
 		cancel()
+		c.seqs.done(h.Seq)
 		if err != nil {
 			return err
 		}
@@ -485,8 +487,7 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 			c.mu.Unlock()
 			return nil, errRecovered
 		}
-		c.seq++
-		h := transport.Header{Client: c.id, Session: cn.session.ID, Seq: c.seq}
+		h := transport.Header{Client: c.id, Session: cn.session.ID, Seq: c.nextSeq()}
 		sent := c.clk.Now()
 		sentGen := c.cache.Gen()
 		if cn.lease != nil {
@@ -498,6 +499,7 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 		// (evict.go) until they are applied
 		answered := c.rel.sent()
 		rep, err := c.roundTrip(ctx, sctx, cn, h, head, req.Data)
+		c.seqs.done(h.Seq)
 		if err != nil || rep.Code == wire.CodeNack {
 			answered()
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -81,6 +82,7 @@ func (c *Client) newConn(addr string) *conn {
 	return &conn{addr: addr, open: newCtxMutex(), tr: transport.NewClient(addr, transport.ClientConfig{
 		Token: c.cfg.Token, Key: c.key, Hostname: host, Logger: c.cfg.Logger,
 		Faults: c.cfg.Faults, Callback: c.onCallback, DialTimeout: c.cfg.DialTimeout,
+		Oldest: c.seqs.oldest,
 	})}
 }
 
@@ -352,11 +354,53 @@ func (c *Client) answered() {
 // waits for nothing): a request may rightly wait long for a lock.
 func (c *Client) alive(cn *conn, session ids.SessionID) bool {
 	c.mu.Lock()
-	c.seq++
-	h := transport.Header{Client: c.id, Session: session, Seq: c.seq}
+	h := transport.Header{Client: c.id, Session: session, Seq: c.nextSeq()}
 	c.mu.Unlock()
+	defer c.seqs.done(h.Seq)
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.FailoverTimeout)
 	defer cancel()
 	_, err := cn.tr.Call(ctx, h, (&wire.Request{Op: wire.OpRenew}).Append(nil))
 	return err == nil
+}
+
+// nextSeq chooses the seq of a request, counted in flight until
+// seqs.done: requests carry the oldest in flight, and the servers forget
+// the replies to older ones (transport.ClientConfig.Oldest). A request
+// resent with the same header (after a timed-out attempt) stays in
+// flight between the sends. Called with c.mu held.
+func (c *Client) nextSeq() uint64 {
+	c.seq++
+	c.seqs.add(c.seq)
+	return c.seq
+}
+
+// seqsInFlight holds the seqs chosen and not done with, ascending (they
+// are chosen in order under Client.mu).
+type seqsInFlight struct {
+	mu  sync.Mutex
+	fly []uint64
+}
+
+func (q *seqsInFlight) add(seq uint64) {
+	q.mu.Lock()
+	q.fly = append(q.fly, seq)
+	q.mu.Unlock()
+}
+
+func (q *seqsInFlight) done(seq uint64) {
+	q.mu.Lock()
+	if i, ok := slices.BinarySearch(q.fly, seq); ok {
+		q.fly = slices.Delete(q.fly, i, i+1)
+	}
+	q.mu.Unlock()
+}
+
+// oldest returns the oldest seq in flight (0: none).
+func (q *seqsInFlight) oldest() uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.fly) == 0 {
+		return 0
+	}
+	return q.fly[0]
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -94,5 +95,38 @@ func TestImpostorCannotAckRevocations(t *testing.T) {
 	}
 	if n := acked.Load(); n != 0 {
 		t.Fatalf("the impostor received %d of mount A's revocations", n)
+	}
+}
+
+// TestSilentMountSwept (issue 26, item 4c): a mount silent for longer
+// than τ(1+δ) and the sweep's margin (stopped here) loses its session to
+// the server's sweep: its locks go without a revocation, so another mount
+// writes its file at once; when it resumes it gets a NACK, recovers, and
+// reads the other mount's data, not what it had cached.
+func TestSilentMountSwept(t *testing.T) {
+	const tau = 500 * time.Millisecond // silent after 2.5 s
+	s := startServer(t, "--client-lease", tau.String(), "--delivery-timeout", (tau / 4).String())
+	a, b := startMount(t, s), startMount(t, s)
+	fa, fb := filepath.Join(a.dir, "f"), filepath.Join(b.dir, "f")
+	writeSync(t, fa, []byte("from A\n"))
+	wantFile(t, fa, []byte("from A\n")) // cached on A
+
+	a.signal(syscall.SIGSTOP)
+	waitStopped(t, a.proc)
+	waitFor(t, 20*time.Second, "the server to drop A's session", func() bool {
+		return strings.Contains(s.output(), "session of a silent client dropped")
+	})
+	// A's locks are gone: B's write needs no revocation of A (stopped, it
+	// could not answer one), so it is not held up until A is failed.
+	writeSync(t, fb, []byte("from B\n"))
+	if strings.Contains(s.output(), "client failing") {
+		t.Errorf("the server had to fail A for B's write:\n%s", tail(s.output(), 3000))
+	}
+	a.signal(syscall.SIGCONT)
+	wantFile(t, fa, []byte("from B\n"))
+	writeSync(t, filepath.Join(a.dir, "g"), []byte("A after recovery\n"))
+	wantFile(t, filepath.Join(b.dir, "g"), []byte("A after recovery\n"))
+	if out := a.output(); !strings.Contains(out, "NACK received") || !strings.Contains(out, "recovery done") {
+		t.Errorf("A's log shows no NACK and recovery:\n%s", tail(out, 3000))
 	}
 }

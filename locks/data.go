@@ -426,6 +426,16 @@ func (t *DataTable) Reclaim(c ids.ClientID, ino ids.Ino, mode Mode) (Grant, erro
 	return Grant{Client: c, Ino: ino, Mode: mode, Seq: seq}, nil
 }
 
+// Mode returns the mode c holds on ino (None if it holds none).
+func (t *DataTable) Mode(c ids.ClientID, ino ids.Ino) Mode {
+	if in := t.inodes[ino]; in != nil {
+		if h := in.holders[c]; h != nil {
+			return h.mode
+		}
+	}
+	return None
+}
+
 // Holders returns ino's holders in client order.
 func (t *DataTable) Holders(ino ids.Ino) []Holder {
 	in := t.inodes[ino]

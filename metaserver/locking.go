@@ -149,6 +149,7 @@ func (m *lockMgr) isFailing(c ids.ClientID) bool {
 type held struct {
 	key   holdKey
 	grant locks.Grant
+	fresh bool // the client held no lock on the inode before
 }
 
 // waiter is one operation waiting for a grant.
@@ -166,6 +167,7 @@ func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode
 		m.mu.Unlock()
 		return held{}, errNack
 	}
+	fresh := m.data.Mode(c, ino) == locks.None
 	out, err := m.data.Request(c, ino, mode)
 	if err != nil {
 		m.mu.Unlock()
@@ -181,17 +183,17 @@ func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode
 	own, ok := m.dispatchFor(out, key)
 	m.mu.Unlock()
 	if ok {
-		return held{key, own}, nil
+		return held{key, own, fresh}, nil
 	}
 	select {
 	case g := <-ch:
 		if m.isFailing(c) {
 			// Granted while the client was being failed: it must get a
 			// NACK, never a lock; the steal clears the grant.
-			m.done(held{key, g})
+			m.done(held{key: key, grant: g})
 			return held{}, errNack
 		}
-		return held{key, g}, nil
+		return held{key, g, fresh}, nil
 	case <-ctx.Done():
 		m.mu.Lock()
 		defer m.mu.Unlock()

@@ -103,15 +103,23 @@ func (s *Server) takeLocks(ctx context.Context, sess *session, want []lockReq) (
 }
 
 // runLocked runs fn under the held locks, ends them, and adds the grants
-// to the reply.
+// to the reply. A lock the request took on an inode that does not exist
+// (it found none) is given back, not granted: a client asking about
+// inode numbers it made up would fill the lock table.
 func (s *Server) runLocked(hs []held, fn func() *wire.Reply) *wire.Reply {
-	defer func() {
-		for _, h := range hs {
-			s.lm.done(h)
-		}
+	rep := func() *wire.Reply {
+		defer func() {
+			for _, h := range hs {
+				s.lm.done(h)
+			}
+		}()
+		return fn()
 	}()
-	rep := fn()
 	for _, h := range hs {
+		if rep.Code == wire.CodeNotFound && h.fresh && !s.exists(h.key.ino) {
+			s.lm.release(h.key.client, h.key.ino, locks.None, h.grant.Seq)
+			continue
+		}
 		rep.Grants = append(rep.Grants, wire.Grant{Ino: h.grant.Ino, Mode: wire.LockMode(h.grant.Mode), Seq: h.grant.Seq})
 	}
 	return rep
@@ -184,7 +192,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			return rep
 		}
 	}
-	if r.Opens > 0 && r.Ino != 0 {
+	if r.Opens > 0 && r.Ino != 0 && s.exists(r.Ino) {
 		// handles the client opened under its lock: counted before the
 		// request can remove the file
 		s.openHandle(sess, r.Ino, int(r.Opens))
@@ -483,6 +491,10 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		if r.Flags&wire.PosixReleaseOwner != 0 {
 			s.lm.releaseOwner(sess.client, r.Lk.Owner, r.Ino)
 			return &wire.Reply{}
+		}
+		if r.Lk.Type != uint8(locks.Unlock) && !s.exists(r.Ino) {
+			// a lock table entry for an inode that is not
+			return wire.ErrorReply(errNotFound)
 		}
 		lk, err := s.lm.posixLock(ctx, sess.client, r.Ino, r.Lk)
 		if err != nil {

@@ -34,8 +34,11 @@ type Config struct {
 	ClientLease     time.Duration // τ
 	ClockDrift      float64       // δ
 	DeliveryTimeout time.Duration // how long a callback may go unacknowledged
-	Logger          *slog.Logger
-	Faults          *transport.Faults
+	// MaxSessions bounds the client sessions (one per client); an open
+	// beyond it, when no session is silent, is refused as unavailable.
+	MaxSessions int
+	Logger      *slog.Logger
+	Faults      *transport.Faults
 	// PeerFaults, if set, injects faults on the links to the other servers
 	// only (tests: cut a server off from its peers while its clients still
 	// reach it). While its Cut is on, peer requests are not answered.
@@ -76,6 +79,7 @@ func DefaultConfig() Config {
 		ClientLease:     2 * time.Second,
 		ClockDrift:      0.05,
 		DeliveryTimeout: 500 * time.Millisecond,
+		MaxSessions:     10_000,
 		Logger:          slog.Default(),
 		OwnershipLease:  2 * time.Second,
 		IdleRelease:     time.Minute,
@@ -100,6 +104,8 @@ func (c *Config) Validate() error {
 		return errors.New("metaserver: delivery timeout must be positive and shorter than the client lease")
 	case c.MaxFileSize > wire.MaxFileSize:
 		return fmt.Errorf("metaserver: largest file size must not exceed %d", uint64(wire.MaxFileSize))
+	case c.MaxSessions <= 0:
+		return errors.New("metaserver: max sessions must be positive")
 	}
 	if !c.clustered() {
 		return nil
@@ -119,12 +125,15 @@ func (c *Config) Validate() error {
 
 // session is what the server knows of one client's current session.
 type session struct {
-	id         ids.SessionID
-	client     ids.ClientID
-	host       string
-	addr       string
-	opened     time.Time
-	lastSeen   atomic.Int64 // unix nanoseconds of the last request
+	id       ids.SessionID
+	client   ids.ClientID
+	host     string
+	addr     string
+	opened   time.Time
+	openSeq  uint64       // the seq of the open that made it (sessions.go)
+	lastSeen atomic.Int64 // unix nanoseconds a request last arrived or ended
+	active   int          // requests being handled (guarded by Server.mu)
+
 	mu         sync.Mutex
 	openHandle map[ids.Ino]int
 }
@@ -156,6 +165,8 @@ type Server struct {
 	writeMu [64]sync.Mutex
 	lm      *lockMgr
 	cl      *clusterState // nil on a single server
+	stop    chan struct{} // ends the sweep (sessions.go)
+	swept   chan struct{} // closed when it ended
 
 	counters Counters
 	warns    *ratelog.Limiter // a peer's malformed requests log a few lines, not one each
@@ -164,6 +175,8 @@ type Server struct {
 // Counters are the server's request and lease counters.
 type Counters struct {
 	Requests, Errors, NacksSent, SessionsOpened atomic.Int64
+	// SessionsSwept: sessions of silent clients dropped (sessions.go)
+	SessionsSwept atomic.Int64
 	// Replayed: resent changes found already applied (store_done.go)
 	Replayed atomic.Int64
 	// Bytes: request and reply bodies, the sign of bulk data moving
@@ -177,7 +190,8 @@ func Start(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(), warns: ratelog.New(),
-		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}, purging: map[ids.Ino]struct{}{}}
+		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}, purging: map[ids.Ino]struct{}{},
+		stop: make(chan struct{}), swept: make(chan struct{})}
 	opts := StoreOptions{ServerID: cfg.ServerID, Logger: cfg.Logger, MaxFileSize: cfg.MaxFileSize}
 	if cfg.clustered() {
 		s.cl = newClusterState(s)
@@ -222,6 +236,10 @@ func Start(cfg Config) (*Server, error) {
 			return nil, err
 		}
 	}
+	go func() {
+		defer close(s.swept)
+		s.sweepLoop(s.stop)
+	}()
 	s.log.Info("serving", "listen", s.tr.Addr().String(), "data", cfg.Dir, "server_id", cfg.ServerID)
 	return s, nil
 }
@@ -272,6 +290,12 @@ func (s *Server) Token() string { return s.id.Token() }
 func (s *Server) Close() error {
 	if s.cl != nil {
 		s.cl.close(context.Background(), false)
+	}
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+		<-s.swept
 	}
 	err := s.tr.Close() // ends the handlers' context: waits give up
 	// Wait for the requests being handled, a while: one stuck longer is
@@ -346,12 +370,12 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	if req.Op == wire.OpOpenSession {
 		return s.openSession(tr, req).Append(nil)
 	}
-	sess := s.session(tr.Client, tr.Session)
+	sess := s.enter(tr.Client, tr.Session)
 	if sess == nil {
 		s.counters.NacksSent.Add(1)
 		return (&wire.Reply{Code: wire.CodeNack, Msg: "unknown session"}).Append(nil)
 	}
-	sess.lastSeen.Store(time.Now().UnixNano())
+	defer s.leave(sess)
 	s.lm.noteProgress(sess.client, req.Ino)
 	var rep *wire.Reply
 	if req.Op == wire.OpBatch {
@@ -456,38 +480,6 @@ func (s *Server) batch(ctx context.Context, sess *session, req *wire.Request) *w
 	return out
 }
 
-func (s *Server) session(c ids.ClientID, id ids.SessionID) *session {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if sess := s.sessions[c]; sess != nil && sess.id == id {
-		return sess
-	}
-	return nil
-}
-
-func (s *Server) openSession(tr *transport.Request, req *wire.Request) *wire.Reply {
-	sess := &session{id: newSessionID(), client: tr.Client, host: req.Target, opened: time.Now(),
-		openHandle: map[ids.Ino]int{}}
-	if tr.Conn != nil {
-		sess.addr = tr.Conn.RemoteAddr().String()
-	}
-	sess.lastSeen.Store(time.Now().UnixNano())
-	s.mu.Lock()
-	old := s.sessions[tr.Client]
-	s.sessions[tr.Client] = sess
-	s.mu.Unlock()
-	if old != nil {
-		s.forgetSession(old)
-	}
-	// A client opens a session with an empty cache: whatever it held
-	// before is free.
-	s.lm.forgetClient(tr.Client)
-	s.counters.SessionsOpened.Add(1)
-	s.log.Info("session opened", "client", tr.Client, "session", sess.id, "host", req.Target, "addr", sess.addr)
-	return &wire.Reply{Session: &wire.Session{ID: sess.id, Server: s.cfg.ServerID,
-		Tau: int64(s.cfg.ClientLease), Delta: s.cfg.ClockDrift}}
-}
-
 // dropSession forgets a client's current session (it timed out).
 func (s *Server) dropSession(c ids.ClientID) {
 	s.mu.Lock()
@@ -510,7 +502,9 @@ func (s *Server) forgetSession(sess *session) {
 			s.closeHandle(ino)
 		}
 	}
-	s.tr.ForgetSession(sess.client, sess.id)
+	if s.tr != nil {
+		s.tr.ForgetSession(sess.client, sess.id)
+	}
 }
 
 // openHandle counts n open handles of the session on ino, unless ino is
@@ -531,7 +525,7 @@ func (s *Server) openHandle(sess *session, ino ids.Ino, n int) bool {
 // openedLocally counts the handles a client opened on ino under its data
 // lock without asking, reported as it gives the lock up (wire.Reply.Opens).
 func (s *Server) openedLocally(c ids.ClientID, ino ids.Ino, n uint32) {
-	if n == 0 || ino == 0 {
+	if n == 0 || ino == 0 || !s.exists(ino) {
 		return
 	}
 	s.mu.Lock()
@@ -540,6 +534,14 @@ func (s *Server) openedLocally(c ids.ClientID, ino ids.Ino, n uint32) {
 	if sess != nil {
 		s.openHandle(sess, ino, int(n))
 	}
+}
+
+// exists reports whether ino is an inode of the store: a client's open
+// counts and POSIX locks are kept for those only, not for any number a
+// client makes up.
+func (s *Server) exists(ino ids.Ino) bool {
+	_, err := s.store.GetAttr(ino)
+	return err == nil
 }
 
 // releaseHandle drops one of the session's handles on ino.

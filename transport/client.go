@@ -37,6 +37,12 @@ type ClientConfig struct {
 	// DialTimeout bounds one dial attempt including authentication
 	// (default 5s).
 	DialTimeout time.Duration
+	// Oldest, if set, returns the oldest seq the caller may still send
+	// (again), in any session: requests carry it, and the server forgets
+	// the replies to older ones (an idle session then keeps none). It
+	// must count a seq from the moment it is chosen until the caller is
+	// done with it, resends included. Nil: the server keeps its window.
+	Oldest func() uint64
 	// AttemptTimeout, if set, bounds one attempt of a Call; the request is
 	// then resent (same header) on a fresh stream. Zero: an attempt ends only
 	// when the connection is lost, which keep-alives detect within 10 s.
@@ -167,7 +173,8 @@ func (c *Client) CallTail(ctx context.Context, h Header, body, tail []byte) ([]b
 			if final(err) {
 				return nil, err
 			}
-			if ctx.Err() == nil && cc.qc.Context().Err() == nil && cc.fails.Add(1) >= maxStreamFails {
+			// (busy: the server answered; the connection is fine)
+			if ctx.Err() == nil && cc.qc.Context().Err() == nil && !errors.Is(err, ErrBusy) && cc.fails.Add(1) >= maxStreamFails {
 				cc.qc.CloseWithError(closeNormal, "too many stream failures")
 			}
 		} else if final(err) {
@@ -214,7 +221,11 @@ func (c *Client) attempt(ctx context.Context, cc *clientConn, h Header, body, ta
 	if actx.Done() != nil {
 		stop = context.AfterFunc(actx, func() { cancelStream(cs.st) })
 	}
-	err = writeFrame(cs.st, &cs.scratch, kindRequest, h, body, tail)
+	var oldest uint64
+	if c.cfg.Oldest != nil {
+		oldest = min(c.cfg.Oldest(), h.Seq)
+	}
+	err = writeFrameOldest(cs.st, &cs.scratch, kindRequest, h, oldest, body, tail)
 	var f frame
 	if err == nil {
 		f, err = readFrame(cs.st, &cs.head)
@@ -432,6 +443,8 @@ func (c *Client) hello(ctx context.Context, qc *quic.Conn) error {
 		return nil
 	case kindRefused:
 		return fmt.Errorf("%w (server %s: %s)", ErrAuth, c.addr, f.body)
+	case kindError: // busy: dialled again later
+		return remoteError(f.body)
 	}
 	return fmt.Errorf("%w: %v frame in reply to hello", ErrProtocol, f.kind)
 }

@@ -204,7 +204,9 @@ func TestLostConnectionExecutedOnce(t *testing.T) {
 	if runs.Load() != 1 {
 		t.Fatalf("ran %d times", runs.Load())
 	}
-	// a new seq runs; ForgetSession makes an old seq run again
+	// a new seq runs; after ForgetSession the session has no reply cache, and
+	// an old seq runs again (the application refuses requests of sessions it
+	// forgot)
 	c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 2}, nil)
 	s.ForgetSession(cid, 1)
 	c.Call(ctxT(t, 10*time.Second), Header{Client: cid, Session: 1, Seq: 1}, nil)

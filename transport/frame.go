@@ -15,10 +15,14 @@ import (
 //	u8  version  frameVersion
 //	u8  kind
 //	u64 client, u64 session, u64 seq
+//	u64 oldest   requests: the oldest seq the client still waits for
+//	             (any session); 0 on other frames
 //	body
+//
+// Version 2 added oldest (and the hello's own version byte).
 const (
-	frameVersion = 1
-	frameFixed   = 2 + 3*8
+	frameVersion = 2
+	frameFixed   = 2 + 4*8
 	frameHead    = 4 + frameFixed
 	// MaxBody bounds a request, reply or callback body: a 4 MiB data chunk
 	// plus room for the wire message around it.
@@ -69,6 +73,7 @@ const (
 	errCodeTooLarge  errCode = 3
 	errCodeEvicted   errCode = 4 // the reply to this seq is no longer cached
 	errCodeShutdown  errCode = 5
+	errCodeBusy      errCode = 6 // no room for the body or the connection now: send again later
 )
 
 // Frame errors are protocol errors: retrying cannot fix them.
@@ -82,48 +87,52 @@ var (
 type frame struct {
 	kind kind
 	Header
-	body []byte
+	oldest uint64
+	body   []byte
 }
 
 // appendHead appends a frame's length, version, kind and header for a body of
 // bodyLen bytes; the body follows.
-func appendHead(dst []byte, k kind, h Header, bodyLen int) []byte {
+func appendHead(dst []byte, k kind, h Header, oldest uint64, bodyLen int) []byte {
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(frameFixed+bodyLen))
 	dst = append(dst, frameVersion, byte(k))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(h.Client))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(h.Session))
 	dst = binary.LittleEndian.AppendUint64(dst, h.Seq)
+	dst = binary.LittleEndian.AppendUint64(dst, oldest)
 	return dst
 }
 
 func appendFrame(dst []byte, f frame) []byte {
-	return append(appendHead(dst, f.kind, f.Header, len(f.body)), f.body...)
+	return append(appendHead(dst, f.kind, f.Header, f.oldest, len(f.body)), f.body...)
 }
 
-// parseHead checks the fixed part of a frame and returns the body length. It
-// rejects an unknown version before looking at anything else so that a future
-// peer gets a clear error rather than misparsed fields.
-func parseHead(b *[frameHead]byte) (kind, Header, int, error) {
+// parseHead checks the fixed part of a frame and returns it with the body
+// length (body left nil). It rejects an unknown version before looking at
+// anything else so that a future peer gets a clear error rather than
+// misparsed fields, and a body over max (at most MaxBody) before anything
+// is allocated for it.
+func parseHead(b *[frameHead]byte, max int) (frame, int, error) {
 	n := binary.LittleEndian.Uint32(b[0:4])
 	if v := b[4]; v != frameVersion {
-		return 0, Header{}, 0, fmt.Errorf("%w %d (want %d)", errFrameVersion, v, frameVersion)
+		return frame{}, 0, fmt.Errorf("%w %d (want %d)", errFrameVersion, v, frameVersion)
 	}
 	if n < frameFixed {
-		return 0, Header{}, 0, fmt.Errorf("%w: length %d", errFrameShort, n)
+		return frame{}, 0, fmt.Errorf("%w: length %d", errFrameShort, n)
 	}
-	if n-frameFixed > MaxBody {
-		return 0, Header{}, 0, fmt.Errorf("%w: body of %d bytes (max %d)", ErrTooLarge, n-frameFixed, MaxBody)
+	if int64(n-frameFixed) > int64(max) {
+		return frame{}, 0, fmt.Errorf("%w: body of %d bytes (max %d)", ErrTooLarge, n-frameFixed, max)
 	}
 	k := kind(b[5])
 	if k < kindHello || k > kindError {
-		return 0, Header{}, 0, fmt.Errorf("%w %d", errFrameKind, b[5])
+		return frame{}, 0, fmt.Errorf("%w %d", errFrameKind, b[5])
 	}
-	h := Header{
+	f := frame{kind: k, Header: Header{
 		Client:  ids.ClientID(binary.LittleEndian.Uint64(b[6:14])),
 		Session: ids.SessionID(binary.LittleEndian.Uint64(b[14:22])),
 		Seq:     binary.LittleEndian.Uint64(b[22:30]),
-	}
-	return k, h, int(n - frameFixed), nil
+	}, oldest: binary.LittleEndian.Uint64(b[30:38])}
+	return f, int(n - frameFixed), nil
 }
 
 // parseFrame parses exactly one frame from b.
@@ -131,7 +140,7 @@ func parseFrame(b []byte) (frame, error) {
 	if len(b) < frameHead {
 		return frame{}, errFrameShort
 	}
-	k, h, n, err := parseHead((*[frameHead]byte)(b[:frameHead]))
+	f, n, err := parseHead((*[frameHead]byte)(b[:frameHead]), MaxBody)
 	if err != nil {
 		return frame{}, err
 	}
@@ -142,53 +151,92 @@ func parseFrame(b []byte) (frame, error) {
 	if len(rest) > n {
 		return frame{}, errFrameTrail
 	}
-	return frame{kind: k, Header: h, body: rest[:n:n]}, nil
+	f.body = rest[:n:n]
+	return f, nil
 }
 
-// readFrame reads one frame. head is scratch space owned by the caller's
-// stream so the fixed part costs no allocation; the body is freshly allocated
-// and owned by the caller.
+// readFrame reads one frame of any body size up to MaxBody (a reply or a
+// callback from the server, which the client trusts). head is scratch
+// space owned by the caller's stream so the fixed part costs no
+// allocation; the body is freshly allocated (or pooled: Buffer) and owned
+// by the caller.
 func readFrame(r io.Reader, head *[frameHead]byte) (frame, error) {
-	return readFrameReporting(r, head, nil)
+	return readFrameMax(r, head, MaxBody)
 }
 
-// progressChunk is how much of a big body arrives between two calls of
-// readFrameReporting's progress.
-const progressChunk = 64 << 10
-
-// readFrameReporting is readFrame that calls progress (unless nil) with
-// the body read so far, each time another progressChunk bytes of a big
-// body arrived: a megabyte request can take longer than a revocation's
-// delivery timeout on a slow link, and the server counts its arrival as
-// the client's progress.
-func readFrameReporting(r io.Reader, head *[frameHead]byte, progress func(body []byte)) (frame, error) {
-	if _, err := io.ReadFull(r, head[:]); err != nil {
-		return frame{}, err
-	}
-	k, h, n, err := parseHead(head)
+// readFrameMax is readFrame of a body of at most max bytes: the frame is
+// refused before anything is allocated for a bigger one.
+func readFrameMax(r io.Reader, head *[frameHead]byte, max int) (frame, error) {
+	f, n, err := readHead(r, head, max)
 	if err != nil {
 		return frame{}, err
 	}
-	var body []byte
 	if n > 0 {
-		body = Buffer(n)
-		for got := 0; got < n; {
-			end := n
-			if progress != nil {
-				end = min(n, got+progressChunk)
+		f.body = Buffer(n)
+		if _, err := io.ReadFull(r, f.body); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
 			}
-			if _, err := io.ReadFull(r, body[got:end]); err != nil {
-				if err == io.EOF {
-					err = io.ErrUnexpectedEOF
-				}
-				return frame{}, err
-			}
-			if got = end; got < n && progress != nil {
-				progress(body[:got])
-			}
+			return frame{}, err
 		}
 	}
-	return frame{kind: k, Header: h, body: body}, nil
+	return f, nil
+}
+
+// readHead reads and checks a frame's fixed part; the body, n bytes,
+// follows in r.
+func readHead(r io.Reader, head *[frameHead]byte, max int) (frame, int, error) {
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return frame{}, 0, err
+	}
+	return parseHead(head, max)
+}
+
+// progressChunk is how much of a big body arrives between two calls of
+// readBody's progress.
+const progressChunk = 64 << 10
+
+// readBody reads a body of n bytes as it arrives: into a buffer of at
+// most progressChunk first, grown (fourfold, then to n) only once the
+// bytes before have come, so that a peer announcing a big body and
+// sending little holds little memory. Growing costs a copy of a third of
+// a megabyte body. progress (unless nil) gets the body read so far each
+// time another progressChunk arrived: a megabyte request can take longer
+// than a revocation's delivery timeout on a slow link, and the server
+// counts its arrival as the client's progress. chunk, if set, is called
+// before each read (the server sets a stall deadline there).
+func readBody(r io.Reader, n int, progress func(body []byte), chunk func()) ([]byte, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	buf := Buffer(min(n, progressChunk))
+	for got := 0; got < n; {
+		if got == len(buf) {
+			next := 4 * len(buf)
+			if 2*next >= n {
+				next = n
+			}
+			nb := Buffer(next)
+			copy(nb, buf)
+			Recycle(buf)
+			buf = nb
+		}
+		end := min(len(buf), got+progressChunk)
+		if chunk != nil {
+			chunk()
+		}
+		if _, err := io.ReadFull(r, buf[got:end]); err != nil {
+			Recycle(buf)
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
+		if got = end; got < n && progress != nil {
+			progress(buf[:got])
+		}
+	}
+	return buf, nil
 }
 
 // Bodies from pooledBodyMin up to pooledBodyCap bytes (a megabyte of file
@@ -252,11 +300,16 @@ const smallFrame = 16 << 10
 // writeFrame writes one frame whose body is body followed by tail (none:
 // nil); scratch is reusable space owned by the caller.
 func writeFrame(w io.Writer, scratch *[]byte, k kind, h Header, body, tail []byte) error {
+	return writeFrameOldest(w, scratch, k, h, 0, body, tail)
+}
+
+// writeFrameOldest is writeFrame with the frame's oldest field (requests).
+func writeFrameOldest(w io.Writer, scratch *[]byte, k kind, h Header, oldest uint64, body, tail []byte) error {
 	n := len(body) + len(tail)
 	if n > MaxBody {
 		return ErrTooLarge
 	}
-	buf := appendHead((*scratch)[:0], k, h, n)
+	buf := appendHead((*scratch)[:0], k, h, oldest, n)
 	if n <= smallFrame {
 		buf = append(append(buf, body...), tail...)
 		*scratch = buf
@@ -296,20 +349,29 @@ func remoteError(body []byte) error {
 		return fmt.Errorf("%w (server: %s)", ErrReplyEvicted, msg)
 	case errCodeShutdown:
 		return fmt.Errorf("%w (server: %s)", errServerShutdown, msg)
+	case errCodeBusy:
+		return fmt.Errorf("%w (server: %s)", ErrBusy, msg)
 	}
 	return fmt.Errorf("%w (server: %s)", ErrProtocol, msg)
 }
 
 // hello is the body of kindHello: the proof of the secret and the name the
-// client announces.
+// client announces. Layout: u8 helloVersion, [32]proof, u8 len, host.
 type hello struct {
 	proof [32]byte
 	host  string
 }
 
-const maxHost = 255
+const (
+	helloVersion = 1
+	maxHost      = 255
+	// maxHello is the largest hello body: the server reads no more from
+	// a peer that has not proven the secret yet.
+	maxHello = 1 + 32 + 1 + maxHost
+)
 
 func (m hello) append(dst []byte) []byte {
+	dst = append(dst, helloVersion)
 	dst = append(dst, m.proof[:]...)
 	dst = append(dst, byte(len(m.host)))
 	return append(dst, m.host...)
@@ -317,9 +379,13 @@ func (m hello) append(dst []byte) []byte {
 
 func parseHello(b []byte) (hello, error) {
 	var m hello
-	if len(b) < 33 {
+	if len(b) < 1+33 {
 		return m, errFrameShort
 	}
+	if b[0] != helloVersion {
+		return m, fmt.Errorf("%w: hello version %d (want %d)", ErrProtocol, b[0], helloVersion)
+	}
+	b = b[1:]
 	copy(m.proof[:], b)
 	n := int(b[32])
 	if len(b) != 33+n {

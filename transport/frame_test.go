@@ -23,17 +23,17 @@ func TestFrameRoundTrip(t *testing.T) {
 			}
 			var buf bytes.Buffer
 			var scratch []byte
-			if err := writeFrame(&buf, &scratch, kindRequest, h, body[:split], body[split:]); err != nil {
+			if err := writeFrameOldest(&buf, &scratch, kindRequest, h, h.Seq-2, body[:split], body[split:]); err != nil {
 				t.Fatal(err)
 			}
 			raw := append([]byte(nil), buf.Bytes()...)
 			f, err := parseFrame(raw)
-			if err != nil || f.kind != kindRequest || f.Header != h || !bytes.Equal(f.body, body) {
-				t.Fatalf("parse: %v %v %v len %d", err, f.kind, f.Header, len(f.body))
+			if err != nil || f.kind != kindRequest || f.Header != h || f.oldest != h.Seq-2 || !bytes.Equal(f.body, body) {
+				t.Fatalf("parse: %v %v %v %d len %d", err, f.kind, f.Header, f.oldest, len(f.body))
 			}
 			var head [frameHead]byte
 			f, err = readFrame(&buf, &head)
-			if err != nil || f.Header != h || !bytes.Equal(f.body, body) {
+			if err != nil || f.Header != h || f.oldest != h.Seq-2 || !bytes.Equal(f.body, body) {
 				t.Fatalf("read: %v", err)
 			}
 		}
@@ -52,7 +52,8 @@ func TestFrameRejects(t *testing.T) {
 		{"short head", good[:10], errFrameShort},
 		{"short body", good[:len(good)-1], errFrameShort},
 		{"trailing", append(append([]byte(nil), good...), 0), errFrameTrail},
-		{"version", mod(func(b []byte) []byte { b[4] = 2; return b }), errFrameVersion},
+		{"version 1", mod(func(b []byte) []byte { b[4] = 1; return b }), errFrameVersion},
+		{"version 3", mod(func(b []byte) []byte { b[4] = 3; return b }), errFrameVersion},
 		{"kind 0", mod(func(b []byte) []byte { b[5] = 0; return b }), errFrameKind},
 		{"kind 200", mod(func(b []byte) []byte { b[5] = 200; return b }), errFrameKind},
 		{"length below fixed", mod(func(b []byte) []byte { binary.LittleEndian.PutUint32(b, 3); return b }), errFrameShort},
@@ -69,6 +70,11 @@ func TestFrameRejects(t *testing.T) {
 	big := mod(func(b []byte) []byte { binary.LittleEndian.PutUint32(b, 0xffffffff); return b })
 	if _, err := readFrame(bytes.NewReader(big), &head); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("readFrame huge: %v", err)
+	}
+	// and one over a smaller limit (a hello's) before allocating
+	hello := appendHead(nil, kindHello, Header{}, 0, maxHello+1)
+	if _, err := readFrameMax(bytes.NewReader(hello), &head, maxHello); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("readFrameMax over the limit: %v", err)
 	}
 	if err := writeFrame(&bytes.Buffer{}, new([]byte), kindRequest, Header{}, make([]byte, MaxBody), []byte("x")); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("writeFrame oversized: %v", err)
@@ -87,6 +93,15 @@ func TestHelloCodec(t *testing.T) {
 	}
 	if _, err := parseHello(append(m.append(nil), 'x')); err == nil {
 		t.Fatal("hello with trailing byte accepted")
+	}
+	long := hello{host: string(bytes.Repeat([]byte("h"), maxHost))}
+	if b := long.append(nil); len(b) != maxHello {
+		t.Fatalf("longest hello is %d bytes, maxHello %d", len(b), maxHello)
+	}
+	other := m.append(nil)
+	other[0] = helloVersion + 1
+	if _, err := parseHello(other); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("hello of another version: %v", err)
 	}
 }
 
@@ -118,26 +133,64 @@ func FuzzParseFrame(f *testing.F) {
 	})
 }
 
-// TestReadFrameReporting: a big body is reported as it arrives, a chunk at
-// a time, and arrives whole.
-func TestReadFrameReporting(t *testing.T) {
+// TestReadBody: a big body is reported as it arrives, a chunk at a
+// time, and arrives whole.
+func TestReadBody(t *testing.T) {
 	body := make([]byte, 3*progressChunk+5)
 	for i := range body {
 		body[i] = byte(i)
 	}
-	var buf bytes.Buffer
-	var scratch []byte
-	if err := writeFrame(&buf, &scratch, kindRequest, Header{Seq: 1}, body, nil); err != nil {
-		t.Fatal(err)
-	}
 	var seen []int
-	var head [frameHead]byte
-	f, err := readFrameReporting(&buf, &head, func(partial []byte) { seen = append(seen, len(partial)) })
-	if err != nil || !bytes.Equal(f.body, body) {
-		t.Fatalf("frame: %v", err)
+	chunks := 0
+	got, err := readBody(bytes.NewReader(body), len(body), func(partial []byte) { seen = append(seen, len(partial)) }, func() { chunks++ })
+	if err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("body: %v", err)
 	}
 	if want := []int{progressChunk, 2 * progressChunk, 3 * progressChunk}; !slices.Equal(seen, want) {
 		t.Fatalf("reported %v, want %v", seen, want)
+	}
+	if chunks != 4 {
+		t.Fatalf("%d chunks read, want 4", chunks)
+	}
+	for _, n := range []int{0, 1, progressChunk - 1, progressChunk, progressChunk + 1, 1 << 20, pooledBodyCap, MaxBody} {
+		body := bytes.Repeat([]byte{7}, n)
+		got, err := readBody(bytes.NewReader(body), n, nil, nil)
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("%d bytes: %v", n, err)
+		}
+	}
+}
+
+// trickle gives avail bytes, then fails; it records the most room a
+// read into the body's buffer had beyond the bytes given.
+type trickle struct {
+	avail, given, room int
+}
+
+func (r *trickle) Read(p []byte) (int, error) {
+	r.room = max(r.room, cap(p))
+	if r.given == r.avail {
+		return 0, errors.New("peer stalled")
+	}
+	n := min(len(p), r.avail-r.given)
+	r.given += n
+	return n, nil
+}
+
+// TestReadBodyAsItComes: a peer that announces a big body and sends
+// little makes the reader allocate in proportion to what it sent, not to
+// what it announced.
+func TestReadBodyAsItComes(t *testing.T) {
+	for _, sent := range []int{0, 10, progressChunk, 300 << 10} {
+		r := &trickle{avail: sent}
+		if _, err := readBody(r, MaxBody, nil, nil); err == nil {
+			t.Fatalf("sent %d: no error", sent)
+		}
+		// the buffer is at most four times what arrived, or the first
+		// chunk's (pooled: 128 KiB)
+		if limit := max(4*sent, 2*progressChunk); r.room > limit {
+			t.Fatalf("sent %d of %d: a buffer with %d bytes of room (limit %d)", sent, MaxBody, r.room, limit)
+		}
 	}
 }
 
@@ -158,6 +211,11 @@ func TestPooledBodies(t *testing.T) {
 		f, err := readFrame(&buf, &head)
 		if err != nil || !bytes.Equal(f.body, body) {
 			t.Fatalf("read %d bytes: %v", len(body), err)
+		}
+		// and the server's reader, as it comes, ends in the same buffer
+		b, err := readBody(bytes.NewReader(body), len(body), nil, nil)
+		if err != nil || !bytes.Equal(b, body) || cap(b) != cap(f.body) {
+			t.Fatalf("readBody of %d bytes: buffer of %d, readFrame's %d, %v", len(body), cap(b), cap(f.body), err)
 		}
 		return f.body
 	}

@@ -10,6 +10,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,6 +57,28 @@ type ServerConfig struct {
 	// still remembered and a retry gets ErrReplyEvicted, never a second
 	// execution).
 	ReplyCacheBytes int
+	// ReplyCacheTotal bounds the reply bytes kept over all sessions
+	// (default 256 MiB), dropped oldest first the same way.
+	ReplyCacheTotal int
+	// MaxBuffered bounds the bytes of request bodies held over all
+	// connections (default 256 MiB), MaxBufferedPerConn those of one
+	// connection (default 64 MiB): a body is reserved whole before it is
+	// read, until its handler returns; one that does not fit waits, and
+	// after BodyWait (default 10 s) is refused (ErrBusy, which the client
+	// retries).
+	MaxBuffered        int64
+	MaxBufferedPerConn int64
+	BodyWait           time.Duration
+	// MaxConns bounds the authenticated connections (default 4096); more
+	// are refused (ErrBusy). One client id keeps at most 4: a newer one
+	// closes its oldest (a client that moved reconnects before its old
+	// connection timed out).
+	MaxConns int
+	// MaxPending bounds the connections that have not proven the secret
+	// yet (default 256): each waits up to 5 s for its hello, and a newer
+	// one closes the oldest, so a flood of silent connections cannot lock
+	// out a client whose hello follows its handshake at once.
+	MaxPending int
 	// Receiving, if set, is called with the part of a big request body
 	// read so far, every 64 KiB of it: how the server sees a client
 	// making progress on a request that takes a while to arrive.
@@ -64,6 +88,24 @@ type ServerConfig struct {
 const (
 	defaultReplyCacheSize  = 1024
 	defaultReplyCacheBytes = 32 << 20
+	defaultReplyCacheTotal = 256 << 20
+	defaultMaxBuffered     = 256 << 20
+	defaultMaxBufferedConn = 64 << 20
+	defaultBodyWait        = 10 * time.Second
+	defaultMaxConns        = 4096
+	// maxConnsPerClient: connections one client id keeps; more close its
+	// oldest.
+	maxConnsPerClient = 4
+	defaultMaxPending = 256
+	// bodyStall: a request body that makes no progress this long is
+	// refused, giving back its reservation.
+	bodyStall = 10 * time.Second
+	// maxCallbackReply bounds a client's answer to a callback (a
+	// wire.Reply of a few bytes).
+	maxCallbackReply = 64 << 10
+	// smallBody: bodies up to this size are reserved without waiting
+	// (at most maxStreams of them per connection).
+	smallBody = 4 << 10
 )
 
 // Server accepts authenticated QUIC connections and serves requests.
@@ -80,13 +122,17 @@ type Server struct {
 	cbSeq atomic.Uint64
 	warns *ratelog.Limiter // a peer's malformed requests log a few lines, not one each
 
-	certHash [32]byte // the cluster's certificate: a peer server presents it too
+	replies  *replyStore
+	bodies   *budget // request bodies held, over all connections
+	certHash [32]byte
 
-	mu       sync.Mutex
-	closed   bool
-	latest   map[ids.ClientID]*ServerConn // a client's most recent authenticated connection
-	conns    map[*ServerConn]struct{}
-	sessions map[sessionKey]*replyCache
+	mu      sync.Mutex
+	closed  bool
+	latest  map[ids.ClientID]*ServerConn   // a client's most recent authenticated connection
+	byID    map[ids.ClientID][]*ServerConn // a client's connections, oldest first
+	conns   map[*ServerConn]struct{}
+	pending map[*quic.Conn]uint64 // not authenticated yet: the order they came in
+	pendSeq uint64
 }
 
 // ServerConn is one authenticated client connection.
@@ -94,7 +140,8 @@ type ServerConn struct {
 	qc     *quic.Conn
 	client ids.ClientID
 	host   string
-	peer   bool // proved the cluster's private key (a server)
+	peer   bool    // proved the cluster's private key (a server)
+	bodies *budget // request bodies held on this connection
 }
 
 // RemoteAddr is the client's address.
@@ -124,6 +171,27 @@ func Listen(addr string, cfg ServerConfig, h Handler) (*Server, error) {
 	}
 	if cfg.ReplyCacheBytes <= 0 {
 		cfg.ReplyCacheBytes = defaultReplyCacheBytes
+	}
+	if cfg.ReplyCacheTotal <= 0 {
+		cfg.ReplyCacheTotal = defaultReplyCacheTotal
+	}
+	if cfg.MaxBuffered <= 0 {
+		cfg.MaxBuffered = defaultMaxBuffered
+	}
+	if cfg.MaxBufferedPerConn <= 0 {
+		cfg.MaxBufferedPerConn = defaultMaxBufferedConn
+	}
+	// every body must fit: one of MaxBody is never refused for its size
+	cfg.MaxBuffered = max(cfg.MaxBuffered, MaxBody)
+	cfg.MaxBufferedPerConn = max(min(cfg.MaxBufferedPerConn, cfg.MaxBuffered), MaxBody)
+	if cfg.BodyWait <= 0 {
+		cfg.BodyWait = defaultBodyWait
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = defaultMaxConns
+	}
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = defaultMaxPending
 	}
 	uaddr, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
@@ -157,10 +225,13 @@ func Listen(addr string, cfg ServerConfig, h Handler) (*Server, error) {
 	s := &Server{
 		cfg: cfg, h: h, log: orDiscard(cfg.Logger), warns: ratelog.New(),
 		udp: udp, tr: tr, ln: ln, ctx: ctx, stop: stop,
+		replies:  newReplyStore(cfg.ReplyCacheSize, cfg.ReplyCacheBytes, cfg.ReplyCacheTotal),
+		bodies:   newBudget(cfg.MaxBuffered),
 		certHash: cfg.Identity.CertHash(),
 		latest:   make(map[ids.ClientID]*ServerConn),
+		byID:     make(map[ids.ClientID][]*ServerConn),
 		conns:    make(map[*ServerConn]struct{}),
-		sessions: make(map[sessionKey]*replyCache),
+		pending:  make(map[*quic.Conn]uint64),
 	}
 	s.wg.Add(1)
 	go s.acceptLoop()
@@ -203,12 +274,38 @@ func (s *Server) Connected(client ids.ClientID) bool {
 	return c != nil && c.qc.Context().Err() == nil
 }
 
+// OpenSession makes the reply cache of a session the application opened
+// for client, before the client learns of it. Requests under sessions
+// never opened (a made-up id, one forgotten) get no reply cache: they run
+// as they come, for the application to refuse. Requests of a peer server
+// (ServerConn.Peer) get one for the sessions they use.
+func (s *Server) OpenSession(client ids.ClientID, session ids.SessionID) {
+	s.replies.open(sessionKey{client, session})
+}
+
 // ForgetSession drops the reply cache of a session (after the lease layer
-// forgot it); a later request of that session executes as new.
+// forgot it).
 func (s *Server) ForgetSession(client ids.ClientID, session ids.SessionID) {
+	s.replies.forget(sessionKey{client, session})
+}
+
+// ServerStats is what the server holds for its peers.
+type ServerStats struct {
+	Conns, Pending int // connections authenticated, and waiting for their hello
+	// Sessions with a reply cache, the entries and reply bytes they keep
+	Sessions, ReplyEntries, ReplyBytes int
+	BufferedBytes                      int64 // request bodies reserved (being read, or handled)
+}
+
+// Stats returns what the server holds now.
+func (s *Server) Stats() ServerStats {
+	var st ServerStats
+	st.Sessions, st.ReplyEntries, st.ReplyBytes = s.replies.stats()
+	st.BufferedBytes = s.bodies.inUse()
 	s.mu.Lock()
-	delete(s.sessions, sessionKey{client, session})
+	st.Conns, st.Pending = len(s.conns), len(s.pending)
 	s.mu.Unlock()
+	return st
 }
 
 // Callback sends body to the client's most recent authenticated connection
@@ -247,7 +344,7 @@ func (s *Server) Callback(ctx context.Context, client ids.ClientID, body []byte)
 	}
 	var f frame
 	if err == nil {
-		f, err = readFrame(st, &head)
+		f, err = readFrameMax(st, &head, maxCallbackReply)
 	}
 	if err != nil {
 		cancelStream(st)
@@ -285,25 +382,29 @@ func (s *Server) acceptLoop() {
 // proof checks out.
 func (s *Server) serveConn(qc *quic.Conn) {
 	defer s.wg.Done()
-	sc, err := s.authenticate(qc)
-	if err != nil {
-		return
-	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.addPending(qc) {
 		qc.CloseWithError(closeNormal, "server closing")
 		return
 	}
-	s.conns[sc] = struct{}{}
-	s.latest[sc.client] = sc
+	sc, err := s.authenticate(qc)
+	s.mu.Lock()
+	delete(s.pending, qc)
 	s.mu.Unlock()
-	s.log.Debug("client connected", "client", sc.client, "host", sc.host, "addr", qc.RemoteAddr())
+	if err != nil {
+		return
+	}
+	s.log.Debug("client connected", "client", sc.client, "host", sc.host, "addr", qc.RemoteAddr(), "peer", sc.peer)
 	defer func() {
 		s.mu.Lock()
 		delete(s.conns, sc)
 		if s.latest[sc.client] == sc {
 			delete(s.latest, sc.client)
+		}
+		cs := slices.DeleteFunc(s.byID[sc.client], func(c *ServerConn) bool { return c == sc })
+		if len(cs) == 0 {
+			delete(s.byID, sc.client)
+		} else {
+			s.byID[sc.client] = cs
 		}
 		s.mu.Unlock()
 		s.log.Debug("client disconnected", "client", sc.client, "addr", qc.RemoteAddr())
@@ -317,6 +418,35 @@ func (s *Server) serveConn(qc *quic.Conn) {
 	}
 }
 
+// addPending counts a connection that has yet to prove the secret,
+// closing the oldest such beyond MaxPending; false if the server closed.
+// Finding the oldest takes a pass over the pending, only when there are
+// too many: during a flood of connections, each of which cost a handshake.
+func (s *Server) addPending(qc *quic.Conn) bool {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return false
+	}
+	var evict *quic.Conn
+	if len(s.pending) >= s.cfg.MaxPending {
+		first := uint64(0)
+		for c, n := range s.pending {
+			if evict == nil || n < first {
+				evict, first = c, n
+			}
+		}
+		delete(s.pending, evict)
+	}
+	s.pendSeq++
+	s.pending[qc] = s.pendSeq
+	s.mu.Unlock()
+	if evict != nil {
+		evict.CloseWithError(closeProto, "no hello in time")
+	}
+	return true
+}
+
 func (s *Server) authenticate(qc *quic.Conn) (*ServerConn, error) {
 	ctx, cancel := context.WithTimeout(qc.Context(), authTimeout)
 	defer cancel()
@@ -327,7 +457,9 @@ func (s *Server) authenticate(qc *quic.Conn) (*ServerConn, error) {
 	}
 	st.SetDeadline(time.Now().Add(authTimeout))
 	var head [frameHead]byte
-	f, err := readFrame(st, &head)
+	// The hello is read at its real size at most: nothing more is taken
+	// from a peer that has not proven the secret.
+	f, err := readFrameMax(st, &head, maxHello)
 	if err == nil && f.kind != kindHello {
 		err = fmt.Errorf("%w: first frame is %v, not hello", ErrProtocol, f.kind)
 	}
@@ -363,12 +495,19 @@ func (s *Server) authenticate(qc *quic.Conn) (*ServerConn, error) {
 		return nil, refuse("no client certificate")
 	}
 	cert := tlsState.PeerCertificates[0]
-	sc := &ServerConn{qc: qc, client: f.Client, host: m.host, peer: sha256.Sum256(cert.Raw) == s.certHash}
+	sc := &ServerConn{qc: qc, client: f.Client, host: m.host,
+		peer: sha256.Sum256(cert.Raw) == s.certHash, bodies: newBudget(s.cfg.MaxBufferedPerConn)}
 	if !sc.peer && f.Client != clientIDOf(cert) {
 		// The id is the key's: whoever learnt another client's id
 		// cannot take over its callbacks or its session.
 		s.warns.Warn(s.log, peer, "refused client: id not its key's", "addr", qc.RemoteAddr(), "client", f.Client, "host", m.host)
 		return nil, refuse(fmt.Sprintf("client id %v is not the one of the connection's key", f.Client))
+	}
+	if err := s.admit(sc); err != nil {
+		writeFrame(st, &scratch, kindError, f.Header, errorBody(errCodeBusy, err.Error()), nil)
+		st.Close()
+		qc.CloseWithError(closeNormal, err.Error())
+		return nil, err
 	}
 	if err := writeFrame(st, &scratch, kindHelloOK, f.Header, nil, nil); err != nil {
 		qc.CloseWithError(closeProto, "hello reply")
@@ -376,6 +515,36 @@ func (s *Server) authenticate(qc *quic.Conn) (*ServerConn, error) {
 	}
 	st.Close()
 	return sc, nil
+}
+
+// admit adds an authenticated connection, within MaxConns; beyond
+// maxConnsPerClient of its client the oldest of them is closed.
+func (s *Server) admit(sc *ServerConn) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	if len(s.conns) >= s.cfg.MaxConns {
+		s.mu.Unlock()
+		s.warns.Warn(s.log, ratelog.Peer(sc.RemoteAddr().String()), "refused client: too many connections", "client", sc.client, "addr", sc.RemoteAddr(), "max", s.cfg.MaxConns)
+		return fmt.Errorf("%w: %d connections", ErrBusy, s.cfg.MaxConns)
+	}
+	cs := s.byID[sc.client]
+	var replaced []*ServerConn
+	for len(cs) >= maxConnsPerClient && !sc.peer { // servers are trusted
+		replaced = append(replaced, cs[0])
+		delete(s.conns, cs[0])
+		cs = cs[1:]
+	}
+	s.byID[sc.client] = append(cs, sc)
+	s.conns[sc] = struct{}{}
+	s.latest[sc.client] = sc
+	s.mu.Unlock()
+	for _, c := range replaced {
+		c.qc.CloseWithError(closeNormal, "replaced by a newer connection of the client")
+	}
+	return nil
 }
 
 // serveStream serves requests on one long-lived stream, one at a time, until
@@ -393,8 +562,9 @@ func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
 	if s.cfg.Receiving != nil {
 		progress = func(partial []byte) { s.cfg.Receiving(sc.client, partial) }
 	}
+	stall := func() { st.SetReadDeadline(time.Now().Add(bodyStall)) }
 	for {
-		f, err := readFrameReporting(st, &head, progress)
+		f, n, err := readHead(st, &head, MaxBody)
 		if err != nil {
 			switch {
 			case errors.Is(err, io.EOF):
@@ -424,8 +594,35 @@ func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
 			fail(f.Header, errCodeMalformed, fmt.Errorf("%w: client id %v differs from the connection's", ErrProtocol, f.Client))
 			return
 		}
-		req := &Request{Header: f.Header, Body: f.body, Conn: sc}
-		reply, code, err := s.execute(sc, req)
+		if err := s.reserve(sc, int64(n)); err != nil {
+			if !errors.Is(err, ErrBusy) {
+				st.CancelWrite(streamCancel)
+				st.CancelRead(streamCancel)
+				return
+			}
+			s.warns.Warn(s.log, ratelog.Peer(sc.RemoteAddr().String()), "request body refused: server busy", "client", sc.client, "addr", sc.RemoteAddr(), "bytes", n)
+			fail(f.Header, errCodeBusy, err)
+			return
+		}
+		var body []byte
+		if n <= smallBody { // (with its head, mostly: no deadline to set)
+			body, err = readBody(st, n, nil, nil)
+		} else {
+			body, err = readBody(st, n, progress, stall)
+			st.SetReadDeadline(time.Time{})
+		}
+		if err != nil {
+			s.unreserve(sc, int64(n))
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				s.warns.Warn(s.log, ratelog.Peer(sc.RemoteAddr().String()), "request body stalled", "client", sc.client, "addr", sc.RemoteAddr(), "bytes", n)
+			}
+			st.CancelWrite(streamCancel)
+			st.CancelRead(streamCancel)
+			return
+		}
+		req := &Request{Header: f.Header, Body: body, Conn: sc}
+		reply, code, err := s.execute(sc, req, f.oldest)
+		s.unreserve(sc, int64(n))
 		if err == nil && len(reply) > MaxBody {
 			s.log.Error("handler reply too large", "req", f.Header, "bytes", len(reply))
 			code, err = errCodeTooLarge, fmt.Errorf("%w: reply of %d bytes", ErrTooLarge, len(reply))
@@ -453,6 +650,37 @@ func (s *Server) serveStream(sc *ServerConn, st *quic.Stream) {
 	}
 }
 
+// reserve takes n bytes of the connection's and the server's body budgets,
+// waiting up to BodyWait: ErrBusy then, another error if the connection
+// or the server closed. A small body (a renewal, a lookup) never waits
+// behind bulk data: it may overdraw, by at most its stream's share.
+func (s *Server) reserve(sc *ServerConn, n int64) error {
+	if n <= smallBody {
+		sc.bodies.take(n)
+		s.bodies.take(n)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(sc.qc.Context(), s.cfg.BodyWait)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+	err := sc.bodies.acquire(ctx, n)
+	if err == nil {
+		if err = s.bodies.acquire(ctx, n); err != nil {
+			sc.bodies.release(n)
+		}
+	}
+	if err != nil && errors.Is(err, context.DeadlineExceeded) && s.ctx.Err() == nil {
+		return fmt.Errorf("%w: %d bytes of request bodies held", ErrBusy, s.bodies.inUse())
+	}
+	return err
+}
+
+func (s *Server) unreserve(sc *ServerConn, n int64) {
+	s.bodies.release(n)
+	sc.bodies.release(n)
+}
+
 // unlessClosing passes on a handler's reply unless the server is closing:
 // Close ends the handlers' context, so the reply may be the handler giving
 // up ("interrupted"), which is no answer to the request. The client, whose
@@ -467,39 +695,38 @@ func (s *Server) unlessClosing(req *Request, reply []byte) ([]byte, errCode, err
 	return reply, 0, nil
 }
 
-// execute runs the handler at most once per (client, session, seq).
-func (s *Server) execute(sc *ServerConn, req *Request) ([]byte, errCode, error) {
-	key := sessionKey{req.Client, req.Session}
-	s.mu.Lock()
-	rc := s.sessions[key]
+// execute runs the handler at most once per (client, session, seq) of a
+// session with a reply cache; oldest is the client's oldest seq in flight.
+func (s *Server) execute(sc *ServerConn, req *Request, oldest uint64) ([]byte, errCode, error) {
+	rc := s.replies.lookup(sessionKey{req.Client, req.Session}, sc.peer)
 	if rc == nil {
-		rc = newReplyCache(s.cfg.ReplyCacheSize, s.cfg.ReplyCacheBytes)
-		s.sessions[key] = rc
+		// a session the application did not open: it refuses the request
+		return s.unlessClosing(req, s.h(s.ctx, req))
 	}
-	s.mu.Unlock()
-
-	e, run, err := rc.begin(req.Seq)
+	e, run, err := s.replies.begin(rc, req.Seq, oldest)
 	if err != nil {
 		return nil, errCodeEvicted, fmt.Errorf("%w: %v", err, req.Header)
 	}
 	if run {
 		reply := s.h(s.ctx, req)
-		rc.finish(req.Seq, e, reply, req.Idempotent)
+		s.replies.finish(rc, req.Seq, e, reply, req.Idempotent)
 		return s.unlessClosing(req, reply)
 	}
 	// A duplicate: wait for the first execution, wherever it runs.
-	select {
-	case <-e.done:
-	case <-sc.qc.Context().Done():
-		return nil, errCodeShutdown, errServerShutdown
-	case <-s.ctx.Done():
+	if done := s.replies.wait(e); done != nil {
+		select {
+		case <-done:
+		case <-sc.qc.Context().Done():
+			return nil, errCodeShutdown, errServerShutdown
+		case <-s.ctx.Done():
+		}
 	}
 	if s.ctx.Err() != nil {
 		// closing, whichever case select took: the first execution's
 		// reply may be its handler giving up
 		return nil, errCodeShutdown, errServerShutdown
 	}
-	reply, ok, rerun := rc.result(e)
+	reply, ok, rerun := s.replies.result(e)
 	if rerun {
 		return s.unlessClosing(req, s.h(s.ctx, req))
 	}

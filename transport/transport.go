@@ -13,20 +13,34 @@
 // lets them claim their peer ids.
 //
 // Every request carries a Header (client, session, seq). The server keeps a
-// bounded reply cache per (client, session): a request whose seq it has seen
-// gets the first execution's reply, waiting for it if that execution is still
-// running. Client.Call resends the same header after a lost connection, so the
-// application handler runs at most once per (client, session, seq).
+// reply cache per session the application opened (OpenSession): a request
+// whose seq it has seen gets the first execution's reply, waiting for it if
+// that execution is still running. Client.Call resends the same header after
+// a lost connection, so the application handler runs at most once per
+// (client, session, seq).
 //
 // # Caller duties
 //
 //   - Seq must be unique within a session and should increase: a seq older than
 //     the reply cache's window that the server no longer remembers is refused
 //     with ErrReplyEvicted rather than executed a second time.
+//   - A server application opens each session with Server.OpenSession before
+//     its client learns of it, and forgets it with ForgetSession; requests in
+//     other sessions run without a reply cache, for the application to refuse.
+//   - A client that sets ClientConfig.Oldest counts a seq from the moment it
+//     chooses it until it is done with it, resends included.
 //   - Handler and ClientConfig.Callback are called concurrently and own the
 //     body they are given and the body they return.
 //   - Any reply of the handler is an application reply (an ACK in the lease
 //     sense); transport-level errors never are.
+//
+// # Bounds
+//
+// What a peer can make a server hold is bounded (ServerConfig): connections
+// waiting for their hello (and the hello's size), connections in all and
+// per client, streams per connection, request bodies being received or
+// handled (reserved whole, read as they come), reply bytes per session and
+// in all, callback replies.
 //
 // # Timing
 //
@@ -72,6 +86,9 @@ var (
 	// ErrReplyEvicted: the server no longer holds the reply to this seq, so it
 	// refused to execute the request again (at most once).
 	ErrReplyEvicted = errors.New("transport: reply no longer cached")
+	// ErrBusy: the server had no room for the request or the connection
+	// within its bounds; Client.Call sends it again after a while.
+	ErrBusy = errors.New("transport: server busy")
 
 	errServerShutdown = errors.New("transport: server shutting down")
 )

@@ -50,6 +50,7 @@ func echo(_ context.Context, r *Request) []byte {
 	return append([]byte("re:"), r.Body...)
 }
 
+// listen starts a server on which sessions 1 and 2 of cid are open.
 func listen(t testing.TB, cfg ServerConfig, h Handler) *Server {
 	t.Helper()
 	if cfg.Identity == nil {
@@ -60,6 +61,8 @@ func listen(t testing.TB, cfg ServerConfig, h Handler) *Server {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	s.OpenSession(cid, 1)
+	s.OpenSession(cid, 2)
 	return s
 }
 
@@ -416,7 +419,7 @@ func TestBadFramesFromPeer(t *testing.T) {
 			return b
 		}, ErrProtocol, "unsupported frame version"},
 		{"oversized", func() []byte {
-			b := appendHead(nil, kindRequest, Header{Client: cid, Session: 1, Seq: 2}, MaxBody+1)
+			b := appendHead(nil, kindRequest, Header{Client: cid, Session: 1, Seq: 2}, 0, MaxBody+1)
 			return append(b, make([]byte, 1000)...) // the rest never comes
 		}, ErrTooLarge, "request too large"},
 		{"wrong kind", func() []byte {
