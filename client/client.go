@@ -121,6 +121,7 @@ type Client struct {
 	kernelCaches bool
 
 	wb        writeback
+	maps      mappedFiles // the kernel's pages of mapped files (mapped.go)
 	ra        readAhead
 	behind    behind   // removals and creates sent behind the caller
 	inos      inoPool  // inode numbers for creates behind the caller
@@ -201,6 +202,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), recoverMu: newCtxMutex()}
 	c.life, c.abort = context.WithCancel(context.Background())
 	c.cache.SetDataBudget(cfg.CacheBytes)
+	c.maps.gen = c.cacheGen
 	c.behind.init(c.sendBehind)
 	c.rel.init()
 	if err := c.connect(ctx); err != nil {
@@ -544,6 +546,9 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 			if len(rep.Grants) > 0 {
 				cn.holds = true
 			}
+			if from, ok := ctx.Value(replyFromKey{}).(*ids.ServerID); ok {
+				*from = cn.server // for a grant's sequence number (ReadPage)
+			}
 			c.cache.ApplyReply(c.rel.filter(rep.Grants), sentGen, func() {
 				if rep.Attr != nil {
 					c.cache.SetAttr(rep.Attr)
@@ -661,6 +666,16 @@ func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID)
 	var inos []ids.Ino
 	dropped = cn.holds
 	if dropped {
+		// what was written back from mappings and not sent, and the
+		// pages the kernel still has, are based on the locks lost: they
+		// go as a reclaim (mapped.go)
+		known := map[ids.Ino]uint64{}
+		for _, ino := range c.maps.queuedFiles() {
+			if a, ok := c.cache.Attr(ino); ok {
+				known[ino] = a.Version
+			}
+		}
+		c.maps.nacked(c.cacheGen+1, known)
 		inos = c.cache.DropAll()
 		c.cacheGen++
 		c.rel.reset() // the server forgot the locks
@@ -685,6 +700,9 @@ func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID)
 	for _, ino := range inos {
 		c.invalidateLater(ino)
 	}
+	for _, ino := range c.maps.withPages() {
+		c.invalidateLater(ino) // (stale, mapped.go: whether cached or not)
+	}
 	if !gone {
 		if err := c.ensureSession(ctx, cn); err != nil {
 			if !c.clustered() {
@@ -701,39 +719,65 @@ func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID)
 
 // onCallback answers server-initiated messages. A revocation is
 // acknowledged only after the caches it covers are gone, kernel included.
-func (c *Client) onCallback(ctx context.Context, body []byte) []byte {
+func (c *Client) onCallback(ctx context.Context, cn *conn, body []byte) []byte {
 	cb, err := wire.ParseCallback(body)
 	if err != nil {
 		return wire.ErrorReply(wire.Errf(wire.CodeBadMessage, "%v", err)).Append(nil)
 	}
 	if cb.Kind == wire.CallbackRevoke {
-		c.Counters.Revocations.Add(1)
-		c.mu.Lock()
-		c.cache.Revoke(cb.Ino, cb.Mode, cb.Seq) // stops buffering and local opens
-		var opens uint32
-		if cb.Mode == wire.LockNone {
-			opens = c.cache.TakeOpens(cb.Ino)
-		}
-		c.mu.Unlock()
-		// Removals sent behind, and buffered writes, reach the server
-		// before the lock goes: the next holder must see them. (A flush
-		// the server refuses fails the file, not this acknowledgement:
-		// Flush.)
-		if err := c.behind.wait(ctx, cb.Ino); err != nil {
-			return wire.ErrorReply(wire.Errf(wire.CodeIO, "changes sent behind before revocation: %v", err)).Append(nil)
-		}
-		if err := c.Flush(ctx, cb.Ino); err != nil {
-			return wire.ErrorReply(wire.Errf(wire.CodeIO, "flush before revocation: %v", err)).Append(nil)
-		}
-		// Even if the grant has not reached the cache yet (Revoke found none):
-		// a read holding that grant may be filling kernel pages right now,
-		// and the kernel's invalidation waits for them.
-		if cb.Mode == wire.LockNone {
-			c.Invalidate(cb.Ino)
-		}
-		return (&wire.Reply{Opens: opens}).Append(nil)
+		return c.revoke(ctx, cn, cb).Append(nil)
 	}
 	return (&wire.Reply{}).Append(nil)
+}
+
+// revoke gives the lock on cb.Ino down to cb.Mode: buffered changes go to
+// the server, then the kernel's pages are dropped (mapped.go), writing
+// dirty ones back; under an X lock those reach the server before the
+// acknowledgement too.
+func (c *Client) revoke(ctx context.Context, cn *conn, cb *wire.Callback) *wire.Reply {
+	c.Counters.Revocations.Add(1)
+	c.mu.Lock()
+	server := cn.server
+	held, _ := c.cache.Mode(cb.Ino)
+	c.cache.Revoke(cb.Ino, cb.Mode, cb.Seq) // stops buffering and local opens
+	var opens uint32
+	if cb.Mode == wire.LockNone {
+		opens = c.cache.TakeOpens(cb.Ino)
+	}
+	c.mu.Unlock()
+	// The server counts an X lock as ours until we acknowledge: written-
+	// back pages can go under it now. Under S they would wait for an X
+	// lock behind the request that revokes.
+	heldX := held == wire.LockExclusive
+	toNone := cb.Mode == wire.LockNone
+	window := toNone // open until dropPages closes it
+	c.maps.beginRevoke(cb.Ino, server, cb.Seq, heldX, toNone)
+	defer func() { c.maps.endRevoke(cb.Ino, heldX, window) }()
+	// Removals sent behind, and buffered writes, reach the server
+	// before the lock goes: the next holder must see them. (A flush
+	// the server refuses fails the file, not this acknowledgement:
+	// Flush.)
+	if err := c.behind.wait(ctx, cb.Ino); err != nil {
+		return wire.ErrorReply(wire.Errf(wire.CodeIO, "changes sent behind before revocation: %v", err))
+	}
+	if err := c.flushBuffered(ctx, cb.Ino); err != nil {
+		return wire.ErrorReply(wire.Errf(wire.CodeIO, "flush before revocation: %v", err))
+	}
+	// Even if the grant has not reached the cache yet (Revoke found none):
+	// a read holding that grant may be filling kernel pages right now,
+	// and the kernel's invalidation waits for them.
+	if toNone || c.maps.hasPages(cb.Ino) {
+		c.dropPages(cb.Ino, toNone)
+		window = false
+	}
+	if heldX {
+		if err := c.sendMapped(ctx, cb.Ino); err != nil {
+			return wire.ErrorReply(wire.Errf(wire.CodeIO, "flush of mapped pages before revocation: %v", err))
+		}
+	} else if c.maps.hasQueued(cb.Ino) {
+		c.sendMappedLater(cb.Ino)
+	}
+	return &wire.Reply{Opens: opens}
 }
 
 // cached runs fn on the cache if the leases are valid, so nothing cached
@@ -855,6 +899,11 @@ func (c *Client) kernelLoop() {
 		}
 		if h := c.hooks.Load(); h != nil && h.DropKernel != nil {
 			h.DropKernel()
+		}
+		// and mapped pages, which the kernel serves without asking; in
+		// the background, as a fill may wait for the server
+		for _, ino := range c.maps.withPages() {
+			c.invalidateLater(ino)
 		}
 	})
 }

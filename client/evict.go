@@ -239,6 +239,7 @@ func (c *Client) background() {
 		r.mu.Unlock()
 		for _, ino := range inval {
 			c.Invalidate(ino)
+			c.maps.dropped(ino)
 		}
 		for _, g := range gs {
 			c.giveBack(ctx, g)
@@ -261,7 +262,15 @@ func (c *Client) giveBack(ctx context.Context, g wire.Grant) {
 		c.rel.done(g, false, false)
 		return
 	}
-	c.Invalidate(g.Ino)
+	// as for a revocation to None (mapped.go): the kernel's pages, which
+	// fills may be filling under this lock, go before it
+	heldX := g.Mode == wire.LockExclusive
+	c.maps.beginRevoke(g.Ino, c.grantedBy(g.Ino), g.Seq, heldX, true)
+	c.dropPages(g.Ino, true)
+	if heldX {
+		_ = c.sendMapped(ctx, g.Ino) // else flushOld sends it
+	}
+	c.maps.endRevoke(g.Ino, heldX, false)
 	after := func() {}
 	if hook := c.rel.giveBackHook.Load(); hook != nil {
 		after = (*hook)(g)

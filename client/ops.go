@@ -491,24 +491,43 @@ func (c *Client) Release(ctx context.Context, ino ids.Ino) error {
 // Read reads into buf the bytes at off, fewer at the end of the file, after
 // sending this client's buffered writes of the file, and returns how many.
 func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, buf []byte) (int, error) {
+	n, _, err := c.read(ctx, ino, off, buf, c.Flush)
+	return n, err
+}
+
+// readInfo is what read tells besides the data (ReadPage).
+type readInfo struct {
+	cached  bool   // from the cache: under a lock the client holds
+	grant   uint64 // else the sequence number of the grant the server read it under (0: none)
+	version uint64 // the file's version the data is of (0: unknown)
+}
+
+// read is Read after flush (what of the client's writes the server must
+// have first).
+func (c *Client) read(ctx context.Context, ino ids.Ino, off uint64, buf []byte,
+	flush func(context.Context, ids.Ino) error) (n int, info readInfo, _ error) {
 	// The generation before the flush: a write buffered after it (not in
 	// what the server returns) makes the fetched data uncacheable.
 	var gen uint64
 	c.withCache(func(ch *cache.Cache) { gen = ch.DataGen() })
-	if err := c.Flush(ctx, ino); err != nil {
-		return 0, err
+	if err := flush(ctx, ino); err != nil {
+		return 0, info, err
 	}
-	var n int
 	fromCache := func() bool {
 		return c.cached(func(ch *cache.Cache) bool {
 			var ok bool
-			n, ok = ch.ReadData(ino, off, buf)
+			if n, ok = ch.ReadData(ino, off, buf); ok {
+				if a, known := ch.Attr(ino); known {
+					info.version = a.Version
+				}
+			}
 			return ok
 		})
 	}
 	if fromCache() || c.waitPrefetch(ctx, ino, off) && fromCache() {
 		c.readDone(ino, off, n)
-		return n, nil
+		info.cached = true
+		return n, info, nil
 	}
 	// Whole pages, so that what comes back can be cached.
 	size := uint64(len(buf))
@@ -520,19 +539,28 @@ func (c *Client) Read(ctx context.Context, ino ids.Ino, off uint64, buf []byte) 
 	}
 	rep, err := c.call(ctx, &wire.Request{Op: wire.OpRead, Ino: ino, Off: start, Size: end - start},
 		func(ch *cache.Cache, rep *wire.Reply) {
+			// (only a reply in the current session gets here)
+			for _, g := range rep.Grants {
+				if g.Ino == ino {
+					info.grant = g.Seq
+				}
+			}
 			if rep.Code != wire.CodeOK || rep.Attr == nil {
 				return
 			}
 			ch.PutData(ino, start, rep.Data, uint64(len(rep.Data)) < end-start, rep.Attr.Version, gen)
 		})
 	if err != nil {
-		return 0, err
+		return 0, readInfo{}, err
+	}
+	if rep.Attr != nil {
+		info.version = rep.Attr.Version
 	}
 	n = copy(buf, rep.Data[min(off-start, uint64(len(rep.Data))):])
 	// the cache and buf have their copies
 	transport.Recycle(rep.Encoded())
 	c.readDone(ino, off, n)
-	return n, nil
+	return n, info, nil
 }
 
 // readAroundSize is what a read missing the cache fetches at least: the

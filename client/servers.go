@@ -79,11 +79,26 @@ var errServerLost = errors.New("client: server given up")
 // newConn makes the (undialled) connection to addr.
 func (c *Client) newConn(addr string) *conn {
 	host, _ := os.Hostname()
-	return &conn{addr: addr, open: newCtxMutex(), tr: transport.NewClient(addr, transport.ClientConfig{
+	cn := &conn{addr: addr, open: newCtxMutex()}
+	// a revocation names no server: its connection does
+	callback := func(ctx context.Context, body []byte) []byte { return c.onCallback(ctx, cn, body) }
+	cn.tr = transport.NewClient(addr, transport.ClientConfig{
 		Token: c.cfg.Token, Key: c.key, Hostname: host, Logger: c.cfg.Logger,
-		Faults: c.cfg.Faults, Callback: c.onCallback, DialTimeout: c.cfg.DialTimeout,
+		Faults: c.cfg.Faults, Callback: callback, DialTimeout: c.cfg.DialTimeout,
 		Oldest: c.seqs.oldest,
-	})}
+	})
+	return cn
+}
+
+// grantedBy returns the server that granted this client's lock on ino, as
+// far as the client knows (0: unknown).
+func (c *Client) grantedBy(ino ids.Ino) ids.ServerID {
+	c.srv.mu.Lock()
+	defer c.srv.mu.Unlock()
+	if !c.clustered() {
+		return 0
+	}
+	return c.srv.route[ino]
 }
 
 // connect dials the servers in order until one answers: it becomes home.

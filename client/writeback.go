@@ -166,6 +166,14 @@ func killedMode(mode uint32) uint32 {
 // setgid as the write changes the file (killedMode); Write reports whether
 // that may have changed the mode (the kernel's copy is then stale).
 func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte, appendMode, killSuidgid bool) (modeChanged bool, err error) {
+	if c.maps.hasQueued(ino) {
+		// Pages written back from a mapping are older than this write
+		// (the kernel writes back what a write() overlaps before it):
+		// they go first.
+		if err := c.Flush(ctx, ino); err != nil {
+			return false, err
+		}
+	}
 	if !appendMode {
 		// what no server takes is refused now, not when a flush of it
 		// fails long after this write returned
@@ -199,7 +207,10 @@ func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte
 		})
 	}
 	defer c.changingData(ino)()
-	_, err = c.Call(ctx, req)
+	rep, err := c.Call(ctx, req)
+	if err == nil && rep.Attr != nil {
+		c.maps.sawVersion(ino, rep.Attr.Version)
+	}
 	// the server dropped the file's capabilities with the write
 	c.withCache(func(ch *cache.Cache) { ch.Written(ino) })
 	return modeChanged, err
@@ -380,9 +391,21 @@ func killPrivs(f *dirtyFile, attr *wire.Attr) bool {
 	return true
 }
 
-// Flush sends ino's buffered writes to the server, concurrently (they are
-// disjoint: their order does not matter), then its buffered attribute
-// change.
+// Flush sends ino's buffered writes to the server, then the pages the
+// kernel wrote back from a mapping of it (WritePage), which are newer than
+// any buffered write they overlap: a write() buffered after them made the
+// kernel drop those pages (and a fill of them sends the writes buffered
+// before, flushBuffered).
+func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
+	if err := c.flushBuffered(ctx, ino); err != nil {
+		return err
+	}
+	return c.sendMapped(ctx, ino)
+}
+
+// flushBuffered sends ino's buffered writes to the server, concurrently
+// (they are disjoint: their order does not matter), then its buffered
+// attribute change.
 //
 // A change the server refuses (wire.Error: a file too large for it, a
 // full disk, a create sent behind that failed) fails the file, not the
@@ -391,7 +414,7 @@ func killPrivs(f *dirtyFile, attr *wire.Attr) bool {
 // then returns nil, so a revocation is acknowledged and the client keeps
 // its session and its other files' changes. Only the loss of the server
 // (what can be sent again later) fails it.
-func (c *Client) Flush(ctx context.Context, ino ids.Ino) error {
+func (c *Client) flushBuffered(ctx context.Context, ino ids.Ino) error {
 	f := c.wb.file(ino, false)
 	if f == nil {
 		return nil
@@ -873,6 +896,7 @@ func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Requ
 			versionMu.Lock()
 			f.base = max(f.base, rep.Attr.Version)
 			versionMu.Unlock()
+			c.maps.sawVersion(r.Ino, rep.Attr.Version)
 		}
 		return err
 	}
@@ -933,6 +957,7 @@ func (c *Client) FlushAll(ctx context.Context) error {
 		inos = append(inos, ino)
 	}
 	c.wb.mu.Unlock()
+	inos = append(inos, c.maps.queuedFiles()...)
 	var first error
 	for _, ino := range inos {
 		if err := c.Flush(ctx, ino); err != nil {
@@ -957,6 +982,7 @@ func (c *Client) flushOld(ctx context.Context) {
 		}
 	}
 	c.wb.mu.Unlock()
+	old = append(old, c.maps.oldQueues(flushAge)...)
 	for _, ino := range old {
 		_ = c.Flush(ctx, ino)
 	}

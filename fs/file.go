@@ -37,9 +37,14 @@ var (
 	_ = (gofs.FileReleaser)((*fileHandle)(nil))
 )
 
-// Read reads from the server.
+// Read reads from the server (or the mount's cache). A fill of a
+// mapping's pages goes its own way (client.ReadPage).
 func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	n, err := h.n.c.Read(ctx, h.n.ino(), uint64(off), dest)
+	read := h.n.c.Read
+	if h.n.mnt.x.of(ctx).pageRead {
+		read = h.n.c.ReadPage
+	}
+	n, err := read(ctx, h.n.ino(), uint64(off), dest)
 	if err != nil {
 		return nil, toErrno(err)
 	}
@@ -49,8 +54,17 @@ func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 // Write buffers under an X lock or writes through (client.Write). O_APPEND
 // writes go to the end as the server sees it, so appends from several
 // clients never overwrite each other. A writer without CAP_FSETID clears
-// setuid and setgid as it writes (the kernel says so with the write).
+// setuid and setgid as it writes (the kernel says so with the write). The
+// kernel's write-back of a mapping's dirty pages is queued
+// (client.WritePage).
 func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	x := h.n.mnt.x.of(ctx)
+	if x.writeFlags&fuse.WRITE_CACHE != 0 {
+		if err := h.n.c.WritePage(ctx, h.n.ino(), uint64(off), data); err != nil {
+			return 0, toErrno(err)
+		}
+		return uint32(len(data)), 0
+	}
 	appendMode := h.flags&syscall.O_APPEND != 0
 	if !appendMode {
 		// cut short at the largest file, or EFBIG past it
@@ -60,7 +74,7 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 		}
 		data = data[:n]
 	}
-	kill := h.n.mnt.x.of(ctx).writeFlags&fuse.WRITE_KILL_SUIDGID != 0
+	kill := x.writeFlags&fuse.WRITE_KILL_SUIDGID != 0
 	changed, err := h.n.c.Write(ctx, h.n.ino(), uint64(off), data, appendMode, kill)
 	if changed {
 		// the kernel keeps the mode it had: a direct write changes

@@ -54,8 +54,12 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 			// The mode of a create comes without the umask applied,
 			// and the umask with it (extras.go): it applies only where
 			// the directory has no default ACL. SETXATTR_EXT carries
-			// FUSE_SETXATTR_ACL_KILL_SGID.
-			ExtraCapabilities: fuse.CAP_DONT_MASK | fuse.CAP_SETXATTR_EXT,
+			// FUSE_SETXATTR_ACL_KILL_SGID. DIRECT_IO_ALLOW_MMAP: shared
+			// mappings of direct_io files (Linux 6.6 and later);
+			// read() and write() stay direct, a mapping's pages are
+			// cached (client/mapped.go). An older kernel refuses
+			// MAP_SHARED with ENODEV, as before.
+			ExtraCapabilities: fuse.CAP_DONT_MASK | fuse.CAP_SETXATTR_EXT | fuse.CAP_DIRECT_IO_ALLOW_MMAP,
 		},
 	}
 	if os.Geteuid() == 0 {

@@ -46,8 +46,11 @@ type mountState struct {
 
 var _ = (gofs.NodeOnForgetter)((*Node)(nil))
 
-// OnForget: the kernel dropped the inode.
-func (n *Node) OnForget() { n.mnt.known.Delete(n.ino()) }
+// OnForget: the kernel dropped the inode, and its pages.
+func (n *Node) OnForget() {
+	n.mnt.known.Delete(n.ino())
+	n.c.ForgetPages(n.ino())
+}
 
 var (
 	_ = (gofs.NodeLookuper)((*Node)(nil))
@@ -346,7 +349,9 @@ func (n *Node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	// direct_io for every handle: a write through this mount does not drop
 	// the kernel's pages of the file kept for another handle here, so a
 	// page cache kept under a data lock could serve stale data
-	// (TestLinearizable found it). Reads go to the client each time.
+	// (TestLinearizable found it). Reads go to the client each time. Only
+	// a mapping uses the page cache (FUSE_DIRECT_IO_ALLOW_MMAP; see
+	// client/mapped.go).
 	return h, fuse.FOPEN_DIRECT_IO, 0
 }
 
