@@ -449,7 +449,8 @@ func (c *Client) flushBuffered(ctx context.Context, ino ids.Ino) error {
 		withAttrs(reqs[0], attrs)
 		attrs = nil
 	}
-	err := c.sendWrites(ctx, f, reqs)
+	sent := &sentWrites{reqs: reqs, base: f.base}
+	err := c.sendWrites(ctx, f, sent)
 	if err == nil && attrs != nil {
 		// if this is refused, the reclaim sends the writes again: the
 		// server answers them from its record of them, then takes the
@@ -463,10 +464,8 @@ func (c *Client) flushBuffered(ctx context.Context, ino ids.Ino) error {
 	case err == nil:
 	case errors.Is(err, errRecovered):
 		// The server failed us while we flushed: what is left may only
-		// be reclaimed. The same requests go again: a server that finds
-		// one applied already (its server died before the reply came)
-		// answers it instead of refusing the version it moved on.
-		c.reclaimFile(ctx, ino, f, reqs)
+		// be reclaimed (reclaimFile).
+		c.reclaimFile(ctx, ino, f, sent)
 	case refused(err):
 		c.loseFile(ino, f, err)
 	default:
@@ -513,6 +512,14 @@ func (c *Client) loseFile(ino ids.Ino, f *dirtyFile, err error) {
 		"the next fsync or close of the file returns EIO", "path", c.PathOf(ino), "ino", ino, "bytes", f.bytes, "err", err)
 }
 
+// sentWrites is a flush's writes, which of them were answered, and the
+// file's version before it.
+type sentWrites struct {
+	reqs     []*wire.Request
+	answered []bool
+	base     uint64
+}
+
 // flushWithCreate sends f's changes, if they make one write, in one batch
 // with ino's create, if that is still held in its queue (createHold): the
 // small file a tool creates, writes and closes costs one round trip and one
@@ -555,7 +562,7 @@ func (c *Client) flushWithCreate(ctx context.Context, ino ids.Ino, f *dirtyFile)
 	case wire.CodeOf(err) == wire.CodeStale:
 		// sent again after a NACK, and the file changed meanwhile:
 		// the reclaim finds so too, and reports the data lost
-		c.reclaimFile(ctx, ino, f, reqs)
+		c.reclaimFile(ctx, ino, f, &sentWrites{reqs: reqs, answered: make([]bool, len(reqs)), base: f.base})
 	case refused(err):
 		c.loseFile(ino, f, err)
 	default:
@@ -595,6 +602,50 @@ func (c *Client) removedWhileDirty(ino ids.Ino, f *dirtyFile, err error) bool {
 func withAttrs(w, a *wire.Request) {
 	w.Valid, w.Mode, w.Uid, w.Gid = a.Valid, a.Mode, a.Uid, a.Gid
 	w.Atime, w.Mtime, w.Ctime = a.Atime, a.Mtime, a.Ctime
+}
+
+// noVersion is a version no file has: a write sent with it as its
+// WriteIfVersion is refused unless the server finds it applied already.
+const noVersion = ^uint64(0)
+
+// reclaimInterrupted sorts out the writes of a flush the server's NACK
+// interrupted. Those answered are at the server; their ids must not go
+// again (the server forgets the ids of changes the client went on from,
+// and refuses a copy of one as stale). Each of the others may have been
+// applied with its answer lost: sent with noVersion, one applied is
+// answered from the server's record of it, one not applied is refused and
+// changes nothing. It returns the writes not applied, and the version the
+// file has if nobody else wrote it since: every write moves it on by one.
+// (The flush numbered its writes as it sent them, not in file order.)
+func (c *Client) reclaimInterrupted(ctx context.Context, sent *sentWrites) ([]*wire.Request, uint64, error) {
+	version := sent.base
+	var left []*wire.Request
+	for i, r := range sent.reqs {
+		if sent.answered[i] {
+			version++
+			continue
+		}
+		r.Flags |= wire.WriteIfVersion
+		r.Version = noVersion
+		for nacks := 0; ; nacks++ {
+			_, err := c.send(ctx, r, nil, true, nil, 0) // (as reclaimFile's)
+			switch {
+			case errors.Is(err, errRecovered) && nacks < maxReclaimNacks:
+				continue
+			case err == nil:
+				version++
+			case wire.CodeOf(err) == wire.CodeStale:
+				left = append(left, r)
+			default:
+				return nil, 0, err
+			}
+			break
+		}
+	}
+	// In the order of their ids: each names the oldest change in flight,
+	// and the server refuses a copy of one older than an oldest it saw.
+	slices.SortFunc(left, func(a, b *wire.Request) int { return cmp.Compare(a.ReqID, b.ReqID) })
+	return left, version, nil
 }
 
 // maxPending is how many extents dirtyFile.pending holds before they are
@@ -883,18 +934,27 @@ const (
 
 // sendWrites sends the requests (disjoint writes, in ascending order), up
 // to flushParallel at once; writes into the same server chunk go one after
-// the other so their transactions do not conflict. A failure leaves every write
-// to be sent again, which is harmless: writing the same bytes twice gives the
-// same file.
-func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, reqs []*wire.Request) error {
+// the other so their transactions do not conflict. It marks the ones
+// answered. A failure leaves every write to be sent again, which is
+// harmless: writing the same bytes twice gives the same file.
+func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, sent *sentWrites) error {
+	reqs := sent.reqs
+	sent.answered = make([]bool, len(reqs))
+	index := make(map[*wire.Request]int, len(reqs))
+	for i, r := range reqs {
+		index[r] = i
+	}
 	var versionMu sync.Mutex
 	send := func(r *wire.Request) error {
 		rep, err := c.send(ctx, r, ownVersion, true, nil, f.gen)
-		if err == nil && rep.Attr != nil {
-			// Our own writes move the version on; a reclaim compares
-			// against the newest one we caused.
+		if err == nil {
 			versionMu.Lock()
-			f.base = max(f.base, rep.Attr.Version)
+			sent.answered[index[r]] = true
+			if rep.Attr != nil {
+				// Our own writes move the version on; a reclaim
+				// compares against the newest one we caused.
+				f.base = max(f.base, rep.Attr.Version)
+			}
 			versionMu.Unlock()
 			c.maps.sawVersion(r.Ino, rep.Attr.Version)
 		}
@@ -1021,21 +1081,26 @@ func (c *Client) reclaim(ctx context.Context) {
 
 // reclaimFile writes f's buffered data back if the file's version is still
 // the one it was based on (nobody else wrote it meanwhile); otherwise the
-// data is lost and reported. reqs, if set, are the writes of an interrupted
-// flush, sent again as they were (request ids included). Called with f.mu
-// held.
-func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, reqs []*wire.Request) {
+// data is lost and reported. sent, if set, is a flush the server's NACK
+// interrupted (reclaimInterrupted); otherwise the writes are new. Called
+// with f.mu held.
+func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, sent *sentWrites) {
 	if !f.dirty() {
 		return
 	}
-	if reqs == nil {
+	var (
+		reqs    []*wire.Request
+		version = f.base
+		err     error
+	)
+	if sent == nil {
 		reqs = packWrites(ino, f.extents())
 		defer releaseWrites(reqs)
+	} else {
+		reqs, version, err = c.reclaimInterrupted(ctx, sent)
 	}
-	var err error
-	version := f.base
 	nacks := 0
-	for i := 0; i < len(reqs); {
+	for i := 0; i < len(reqs) && err == nil; {
 		r := reqs[i]
 		r.Flags |= wire.WriteIfVersion
 		r.Version = version
@@ -1048,6 +1113,7 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, req
 			// NACKed again (in a cluster a failover can take a few
 			// servers): the version check alone keeps the reclaim safe
 			nacks++
+			err = nil
 			continue
 		}
 		if err != nil {
