@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/hmac"
@@ -161,13 +162,22 @@ func SaveIdentity(dir string, id *Identity) error {
 
 // writeTokens writes DIR/token and DIR/admin-token (both 0600).
 func writeTokens(dir string, id *Identity) error {
-	if err := writeFileAtomic(filepath.Join(dir, tokenFile), []byte(id.Token()+"\n")); err != nil {
+	if err := writeIfChanged(filepath.Join(dir, tokenFile), []byte(id.Token()+"\n")); err != nil {
 		return fmt.Errorf("transport: write token: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, adminTokenFile), []byte(id.TokenValue().Admin().String()+"\n")); err != nil {
+	if err := writeIfChanged(filepath.Join(dir, adminTokenFile), []byte(id.TokenValue().Admin().String()+"\n")); err != nil {
 		return fmt.Errorf("transport: write admin token: %w", err)
 	}
 	return nil
+}
+
+// writeIfChanged writes data to path (writeFileAtomic) unless path holds
+// it already: a restart writes nothing, and so starts on a full disk.
+func writeIfChanged(path string, data []byte) error {
+	if have, err := os.ReadFile(path); err == nil && bytes.Equal(have, data) {
+		return nil
+	}
+	return writeFileAtomic(path, data)
 }
 
 func parseIdentity(data []byte) (*Identity, error) {
@@ -208,18 +218,20 @@ func writeFileAtomic(path string, data []byte) error {
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	if err := f.Close(); err != nil {
-		return err
+	if err == nil {
+		err = os.Rename(tmp, path)
 	}
-	return os.Rename(tmp, path)
+	if err != nil {
+		os.Remove(tmp) // (a full disk: nothing half-written stays)
+	}
+	return err
 }
 
 // CertHash is the SHA-256 of the certificate's DER encoding, which clients pin.

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -81,5 +82,53 @@ func TestParseToken(t *testing.T) {
 	}
 	if _, err := ReadTokenFile(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("missing token file accepted")
+	}
+}
+
+// TestIdentityRestartWritesNothing: loading an identity whose token files
+// are right writes nothing (before, every start rewrote both, and a server
+// on a full disk could not start).
+func TestIdentityRestartWritesNothing(t *testing.T) {
+	dir := t.TempDir()
+	if _, _, err := LoadOrCreateIdentity(dir); err != nil {
+		t.Fatal(err)
+	}
+	inode := func(name string) uint64 {
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(dir, name), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ino
+	}
+	tok, admin := inode(tokenFile), inode(adminTokenFile)
+	// read-only: a write would fail
+	if err := os.Chmod(dir, 0o500); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Chmod(dir, 0o700)
+	if os.Geteuid() == 0 {
+		// root writes anyway: the files are not replaced, at least
+		if _, _, err := LoadOrCreateIdentity(dir); err != nil {
+			t.Fatal(err)
+		}
+	} else if _, _, err := LoadOrCreateIdentity(dir); err != nil {
+		t.Fatalf("loading an identity in a directory it cannot write: %v", err)
+	}
+	if inode(tokenFile) != tok || inode(adminTokenFile) != admin {
+		t.Fatal("a restart rewrote the token files")
+	}
+	// a changed token file is rewritten
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, tokenFile), []byte("stale\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	id, _, err := LoadOrCreateIdentity(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, tokenFile)); string(b) != id.Token()+"\n" {
+		t.Fatalf("token file %q after a load", b)
 	}
 }
