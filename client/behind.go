@@ -48,9 +48,10 @@ type behind struct {
 	inos    map[ids.Ino]int // changes in flight per directory and per inode removed or made
 	names   map[dirName]int // and per name
 	in      map[ids.Ino]int // and per directory they change
-	// lost holds files whose create sent behind failed at the server:
-	// what was written to them must fail, not pass for a removed file's
-	lost map[ids.Ino]bool
+	// lost holds files whose create sent behind failed at the server,
+	// with its error: what was written to them must fail with it, not
+	// pass for a removed file's
+	lost map[ids.Ino]error
 	// queued holds changes not yet sent, per directory. A directory in
 	// sending has a batch at the server (sent by its sender, sendBehind,
 	// which sends what queued up meanwhile as the next batch, or by a
@@ -75,7 +76,7 @@ func (b *behind) init(send func(dir ids.Ino)) {
 	b.inos = map[ids.Ino]int{}
 	b.names = map[dirName]int{}
 	b.in = map[ids.Ino]int{}
-	b.lost = map[ids.Ino]bool{}
+	b.lost = map[ids.Ino]error{}
 	b.queued = map[ids.Ino][]*wire.Request{}
 	b.sending = map[ids.Ino]bool{}
 }
@@ -283,15 +284,19 @@ func (b *behind) busy(ino ids.Ino) bool {
 	return b.pending([]ids.Ino{ino})
 }
 
-// failed records that the create of ino sent behind failed at the server.
-func (b *behind) failed(ino ids.Ino) {
+// failed records that the create of ino sent behind failed at the server
+// with err.
+func (b *behind) failed(ino ids.Ino, err error) {
 	b.mu.Lock()
-	b.lost[ino] = true
+	b.lost[ino] = err
 	b.mu.Unlock()
 }
 
 // isLost reports whether ino's create sent behind failed at the server.
-func (b *behind) isLost(ino ids.Ino) bool {
+func (b *behind) isLost(ino ids.Ino) bool { return b.lostErr(ino) != nil }
+
+// lostErr is the error ino's create sent behind failed with (nil if none).
+func (b *behind) lostErr(ino ids.Ino) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.lost[ino]
@@ -451,7 +456,10 @@ func (c *Client) behindSent(dir ids.Ino, reqs []*wire.Request, errs []error) {
 			c.log.Warn("a create sent behind failed at the server; the file is lost",
 				"path", c.PathOf(dir), "name", req.Name, "ino", req.Ino, "err", err)
 			c.Counters.DataLost.Add(1)
-			c.behind.failed(req.Ino)
+			c.behind.failed(req.Ino, err)
+			if wire.CodeOf(err) == wire.CodeNoSpace {
+				c.noteNoSpace()
+			}
 			c.forget(dir, req.Ino)
 		case gone(err):
 			c.log.Debug("a removal sent behind found the name gone", "dir", dir, "name", req.Name, "err", err)

@@ -96,6 +96,10 @@ type Client struct {
 	key *transport.ClientKey // proves id to every server (servers.go)
 	srv servers
 	clk clock.Real
+	// noSpaceUntil (a clock.Time): the server refused a change for want
+	// of space, lately; until then changes go to the server as they are
+	// made (spaceShort).
+	noSpaceUntil atomic.Int64
 	// inFlight numbers the client's changes (wire.Request.ReqID: a
 	// resend after a failover must not apply a change twice) and knows
 	// which are unanswered.
@@ -567,9 +571,25 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 		for _, g := range rep.Grants {
 			c.learnOwner(g.Ino, server)
 		}
+		if rep.Code == wire.CodeNoSpace && req.Op != wire.OpSetXattr {
+			// (a setxattr gets it for a names list too long, not a
+			// full disk)
+			c.noteNoSpace()
+		}
 		return rep, rep.Err()
 	}
 }
+
+// noSpaceHold is how long after the server refused a change for want of
+// space the client keeps making changes at the server as they are made.
+const noSpaceHold = 2 * time.Second
+
+func (c *Client) noteNoSpace() { c.noSpaceUntil.Store(int64(c.clk.Now().Add(noSpaceHold))) }
+
+// spaceShort reports whether the server lately refused a change for want
+// of space: writes are then not buffered and creates not sent behind, so
+// that each gets its ENOSPC instead of being taken and lost at its flush.
+func (c *Client) spaceShort() bool { return c.clk.Now().Before(clock.Time(c.noSpaceUntil.Load())) }
 
 // softErr is what a soft mount's operation fails with when its deadline
 // (sctx) ended while ctx did not.

@@ -117,7 +117,8 @@ func (c *Client) refillInos() {
 // ACL), and has an inode number; false if the create must be sent and
 // waited for. It fails only if ctx ends while it waits for a slot.
 func (c *Client) createBehind(ctx context.Context, parent ids.Ino, name string, mode, umask, uid, gid uint32) (*wire.Attr, bool, error) {
-	if t := mode & syscall.S_IFMT; t != 0 && t != syscall.S_IFREG || len(name) > 255 /* NAME_MAX: the server's error then */ {
+	if t := mode & syscall.S_IFMT; t != 0 && t != syscall.S_IFREG || len(name) > 255 /* NAME_MAX: the server's error then */ ||
+		c.spaceShort() {
 		return nil, false, nil
 	}
 	if err := c.waitBehind(ctx, c.behind.reserve); err != nil {

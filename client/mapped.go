@@ -758,15 +758,10 @@ func (c *Client) sendMappedLater(ino ids.Ino) {
 const maxMappedSend = 5 * time.Minute
 
 // lostMapped reports written-back data the server refused, dropped: the
-// file's next fsync or close returns EIO.
+// file's next fsync or close returns EIO (ENOSPC for a full disk).
 func (c *Client) lostMapped(ino ids.Ino, err error) {
 	c.Counters.DataLost.Add(1)
-	c.wb.mu.Lock()
-	if c.wb.lost == nil {
-		c.wb.lost = map[ids.Ino]uint64{}
-	}
-	c.wb.lost[ino]++
-	c.wb.mu.Unlock()
+	c.lost(ino, err)
 	c.log.Error("DATA LOST: the server refused pages written back from a mapping (stored under a lock since lost, "+
 		"and the file changed meanwhile; or a file too large, a full disk); the next fsync or close of the file returns EIO",
 		"path", c.PathOf(ino), "ino", ino, "err", err)

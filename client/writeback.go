@@ -86,8 +86,10 @@ type writeback struct {
 	files map[ids.Ino]*dirtyFile
 	total atomic.Int64 // bytes in the extents of all files
 	// lost counts lost-write events per inode; a handle that saw fewer
-	// reports EIO on its next fsync or close.
-	lost map[ids.Ino]uint64
+	// reports EIO on its next fsync or close, or lostErr's error if the
+	// last was a refusal for want of space.
+	lost    map[ids.Ino]uint64
+	lostErr map[ids.Ino]error
 }
 
 func (w *writeback) file(ino ids.Ino, create bool) *dirtyFile {
@@ -95,7 +97,11 @@ func (w *writeback) file(ino ids.Ino, create bool) *dirtyFile {
 	defer w.mu.Unlock()
 	if w.files == nil {
 		w.files = map[ids.Ino]*dirtyFile{}
+	}
+	if w.lost == nil {
+		// (lost may have made them: written-back pages lost first)
 		w.lost = map[ids.Ino]uint64{}
+		w.lostErr = map[ids.Ino]error{}
 	}
 	f := w.files[ino]
 	if f == nil && create {
@@ -143,6 +149,14 @@ func (c *Client) LostGen(ino ids.Ino) uint64 {
 	c.wb.mu.Lock()
 	defer c.wb.mu.Unlock()
 	return c.wb.lost[ino]
+}
+
+// LostErr is why ino's last buffered writes were lost, if the server
+// refused them for want of space (wire.CodeNoSpace); nil otherwise.
+func (c *Client) LostErr(ino ids.Ino) error {
+	c.wb.mu.Lock()
+	defer c.wb.mu.Unlock()
+	return c.wb.lostErr[ino]
 }
 
 // killedMode is mode as a write by a caller without CAP_FSETID leaves it,
@@ -213,6 +227,10 @@ func (c *Client) Write(ctx context.Context, ino ids.Ino, off uint64, data []byte
 	}
 	// the server dropped the file's capabilities with the write
 	c.withCache(func(ch *cache.Cache) { ch.Written(ino) })
+	if gone(err) {
+		// a file whose create sent behind failed: that error
+		err = cmp.Or(c.behind.lostErr(ino), err)
+	}
 	return modeChanged, err
 }
 
@@ -255,6 +273,9 @@ func WriteFits(off uint64, n int) (int, error) {
 // then c.mu (Flush holds the file's mu while it calls). It fails only if
 // ctx ends while it waits for a flush of the file.
 func (c *Client) bufferChange(ctx context.Context, ino ids.Ino, fields uint32, change func(f *dirtyFile, attr *wire.Attr)) (*wire.Attr, int, error) {
+	if c.spaceShort() {
+		return nil, 0, nil
+	}
 	wctx, cancel := c.opContext(ctx, false)
 	f, err := c.wb.lockFile(wctx, ino)
 	cancel()
@@ -494,13 +515,19 @@ func refused(err error) bool {
 
 // loseFile drops f's buffered changes, which the server refused with err,
 // and everything cached that they made (the file's size and pages): the
-// file's next fsync or close on every handle returns EIO. Called with f.mu
-// held, before f is retired.
+// file's next fsync or close on every handle returns EIO, or ENOSPC if the
+// server had no space for them (as NFS reports a write error it cannot
+// retry). Called with f.mu held, before f is retired.
 func (c *Client) loseFile(ino ids.Ino, f *dirtyFile, err error) {
+	if gone(err) {
+		// a create sent behind that failed (removedWhileDirty took a
+		// removal): its error, not "no such file"
+		if lerr := c.behind.lostErr(ino); lerr != nil {
+			err = lerr
+		}
+	}
 	c.Counters.DataLost.Add(1)
-	c.wb.mu.Lock()
-	c.wb.lost[ino]++
-	c.wb.mu.Unlock()
+	c.lost(ino, err)
 	c.mu.Lock()
 	c.cache.DropData(ino)
 	c.cache.InvalidateAttr(ino)
@@ -509,7 +536,24 @@ func (c *Client) loseFile(ino ids.Ino, f *dirtyFile, err error) {
 	// run for a FUSE request holding the kernel's locks (a read of it)
 	c.invalidateLater(ino)
 	c.log.Error("DATA LOST: the server refused a file's buffered changes; "+
-		"the next fsync or close of the file returns EIO", "path", c.PathOf(ino), "ino", ino, "bytes", f.bytes, "err", err)
+		"the next fsync or close of the file returns EIO (ENOSPC for want of space)", "path", c.PathOf(ino), "ino", ino, "bytes", f.bytes, "err", err)
+}
+
+// lost records a loss of ino's buffered writes for its handles (LostGen,
+// LostErr).
+func (c *Client) lost(ino ids.Ino, err error) {
+	c.wb.mu.Lock()
+	defer c.wb.mu.Unlock()
+	if c.wb.lost == nil {
+		c.wb.lost = map[ids.Ino]uint64{}
+		c.wb.lostErr = map[ids.Ino]error{}
+	}
+	c.wb.lost[ino]++
+	if wire.CodeOf(err) == wire.CodeNoSpace {
+		c.wb.lostErr[ino] = err
+	} else {
+		delete(c.wb.lostErr, ino)
+	}
 }
 
 // sentWrites is a flush's writes, which of them were answered, and the
@@ -1147,9 +1191,7 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, sen
 	}
 	c.Counters.ReclaimsRefused.Add(1)
 	c.Counters.DataLost.Add(1)
-	c.wb.mu.Lock()
-	c.wb.lost[ino]++
-	c.wb.mu.Unlock()
+	c.lost(ino, err)
 	c.log.Error("DATA LOST: buffered writes could not be reclaimed after the server failed this client; "+
 		"the next fsync or close of the file returns EIO", "path", c.PathOf(ino), "ino", ino, "bytes", f.bytes, "err", err)
 }

@@ -90,13 +90,17 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 }
 
 // lostWrites reports EIO once for each loss of buffered writes of this file
-// (the server failed this client and another client changed the file).
+// (the server failed this client and another client changed the file), or
+// ENOSPC if the server had no space for them.
 func (h *fileHandle) lostWrites() syscall.Errno {
 	gen := h.n.c.LostGen(h.n.ino())
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if gen > h.lostGen {
 		h.lostGen = gen
+		if err := h.n.c.LostErr(h.n.ino()); err != nil {
+			return toErrno(err)
+		}
 		return syscall.EIO
 	}
 	return 0

@@ -888,13 +888,18 @@ func (c *clusterState) replicate(writes []Write) error {
 		}()
 	}
 	acks := 1 // this replica: the store commits and syncs after us
-	var firstErr error
+	var firstErr, noSpace error
 	got := 0
 	for ; got < sent && acks < c.majority(); got++ {
-		if err := <-ch; err == nil {
+		err := <-ch
+		switch {
+		case err == nil:
 			acks++
-		} else if firstErr == nil || errors.Is(err, ErrStaleEpoch) {
+		case firstErr == nil || errors.Is(err, ErrStaleEpoch):
 			firstErr = err
+		}
+		if err != nil && wire.CodeOf(err) == wire.CodeNoSpace {
+			noSpace = err
 		}
 	}
 	// stragglers finish in the background, within the call timeout
@@ -921,6 +926,12 @@ func (c *clusterState) replicate(writes []Write) error {
 		c.mu.Unlock()
 		n.Release(stale.Ino)
 		return errUnavailable("%v has a newer owner", stale.Ino)
+	}
+	if noSpace != nil {
+		// a replica refused it for want of space, and the others do
+		// not make a majority: as final as a full disk here (ENOSPC,
+		// not "try again", which would have the client resend for ever)
+		return wire.Errf(wire.CodeNoSpace, "change reached %d of %d servers: %v", acks, c.size, noSpace)
 	}
 	return errUnavailable("change reached %d of %d servers: %v", acks, c.size, firstErr)
 }

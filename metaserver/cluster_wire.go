@@ -16,6 +16,7 @@ import (
 
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/metaserver/cluster"
+	"github.com/leasefs/leasefs/wire"
 )
 
 // Peer call kinds.
@@ -36,6 +37,7 @@ const (
 	stGap      byte = 2 // u64 ino
 	stErr      byte = 3 // message
 	stNotOwner byte = 4
+	stNoSpace  byte = 5 // message: the replica has no space for the change
 )
 
 var errPeerDecode = errors.New("metaserver: bad peer message")
@@ -396,6 +398,9 @@ func statusReply(err error) []byte {
 	case errors.As(err, &gap):
 		e.u8(stGap)
 		e.u64(uint64(gap.Ino))
+	case wire.CodeOf(err) == wire.CodeNoSpace:
+		e.u8(stNoSpace)
+		e.b = append(e.b, err.Error()...)
 	default:
 		e.u8(stErr)
 		e.b = append(e.b, err.Error()...)
@@ -419,6 +424,8 @@ func replyErr(b []byte) (*dec, error) {
 		return d, errPeerNotOwner
 	case stErr:
 		return d, fmt.Errorf("metaserver: peer: %s", d.b)
+	case stNoSpace:
+		return d, wire.Errf(wire.CodeNoSpace, "peer: %s", d.b)
 	default:
 		if d.err != nil {
 			return d, d.err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 
 	"github.com/dgraph-io/badger/v4"
 
@@ -27,6 +28,12 @@ type kvTxn interface {
 	// downwards when reverse is set, until fn returns false. Values are
 	// read only when values is set (val is nil otherwise).
 	scan(prefix, start []byte, reverse, values bool, fn func(key, val []byte) (more bool, err error)) error
+	// admit checks that what the transaction wrote so far fits on the
+	// file system (space.go), failing with wire.CodeNoSpace. The store's
+	// update admits every transaction before it commits; a caller that
+	// must know before it commits (a cluster owner, before it sends the
+	// change to the other replicas) calls it itself.
+	admit() error
 }
 
 // kvStore is a transactional key-value store.
@@ -50,16 +57,34 @@ type badgerKV struct {
 	db        *badger.DB
 	pf        *prefaulter // nil: none
 	threshold int         // values of this size or more go to the value log
+	space     *spaceGuard // nil: in memory
+	// gate is read-held by every update; Store.reclaim holds it to make
+	// badger flush and compact, during which badger refuses writes.
+	gate *sync.RWMutex
 }
 
 func (b badgerKV) update(fn func(kvTxn) error) error {
 	var logged int64
-	err := b.db.Update(func(t *badger.Txn) error { return fn(badgerTxn{t, &logged, b.threshold}) })
+	var cost txnCost
+	if b.gate != nil {
+		b.gate.RLock()
+		defer b.gate.RUnlock()
+	}
+	err := b.db.Update(func(t *badger.Txn) error {
+		if err := fn(badgerTxn{t, &logged, b.threshold, &cost, b.space}); err != nil {
+			return err
+		}
+		return b.space.admit(&cost)
+	})
+	cost.done()
 	if errors.Is(err, badger.ErrConflict) {
 		return errConflict
 	}
 	if err == nil {
 		b.pf.committed(logged)
+		if cost.removes > 0 && b.space != nil {
+			b.space.removed.Add(1)
+		}
 	}
 	return err
 }
@@ -76,6 +101,8 @@ type badgerTxn struct {
 	t         *badger.Txn
 	logged    *int64 // bytes set that go to the value log (update only)
 	threshold int
+	cost      *txnCost // update only
+	space     *spaceGuard
 }
 
 func (b badgerTxn) get(key []byte, fn func(val []byte) error) (bool, error) {
@@ -98,9 +125,25 @@ func (b badgerTxn) set(key, val []byte) error {
 		// or more and a checksum
 		*b.logged += int64(len(key) + 8 + len(val) + 2 + 4)
 	}
+	if b.cost != nil {
+		b.cost.set(key, val, len(val) >= b.threshold)
+	}
 	return b.t.Set(key, val)
 }
-func (b badgerTxn) del(key []byte) error { return b.t.Delete(key) }
+
+func (b badgerTxn) del(key []byte) error {
+	if b.cost != nil {
+		b.cost.del(key)
+	}
+	return b.t.Delete(key)
+}
+
+func (b badgerTxn) admit() error {
+	if b.cost == nil {
+		return nil
+	}
+	return b.space.admit(b.cost)
+}
 
 func (b badgerTxn) scan(prefix, start []byte, reverse, values bool, fn func(key, val []byte) (bool, error)) error {
 	opts := badger.IteratorOptions{Prefix: prefix, Reverse: reverse}

@@ -49,8 +49,9 @@ const (
 )
 
 type prefaulter struct {
-	dir      string // badger's directory
-	fileSize int64  // ValueLogFileSize: badger starts a new file past it
+	dir      string      // badger's directory
+	fileSize int64       // ValueLogFileSize: badger starts a new file past it
+	space    *spaceGuard // nil: no limit
 	log      *slog.Logger
 	wrote    atomic.Int64 // log bytes committed since the goroutine last looked
 	kick     chan struct{}
@@ -66,8 +67,8 @@ type prefaulter struct {
 	ahead      atomic.Int64 // bytes populated past the end, for tests
 }
 
-func startPrefaulter(dir string, fileSize int64, log *slog.Logger) *prefaulter {
-	p := &prefaulter{dir: dir, fileSize: fileSize, log: log, kick: make(chan struct{}, 1),
+func startPrefaulter(dir string, fileSize int64, space *spaceGuard, log *slog.Logger) *prefaulter {
+	p := &prefaulter{dir: dir, fileSize: fileSize, space: space, log: log, kick: make(chan struct{}, 1),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	go p.run()
 	return p
@@ -133,6 +134,11 @@ func (p *prefaulter) advance(wrote int64) error {
 	target := min(p.end+prefaultAhead, p.fileSize, int64(p.size)) &^ (pageBytes - 1)
 	from := max(p.populated, p.end&^(pageBytes-1))
 	if target-from < prefaultStep {
+		return nil
+	}
+	if !p.space.ample(target - from) {
+		// the pages populated ahead count as used: near the reserve they
+		// would turn writes away that badger could still take
 		return nil
 	}
 	if err := p.populate(from, target); err != nil {

@@ -184,6 +184,9 @@ type StoreOptions struct {
 	// valueThreshold overrides where values go (LSM below, value log at or
 	// above); for the benchmark that chose the default.
 	valueThreshold int64
+	// statfs, if set, stands for the data directory's file system's
+	// free and total bytes (tests: a full disk without filling one).
+	statfs func(dir string) (avail, total int64, err error)
 }
 
 // ErrDataDirInUse is what OpenStore returns when another process holds the
@@ -235,7 +238,9 @@ type storeCore struct {
 	// see update).
 	changeMu [256]sync.Mutex
 
-	pf *prefaulter // nil in memory
+	pf    *prefaulter // nil in memory
+	space *spaceGuard // nil in memory
+	gate  sync.RWMutex
 
 	inoMu    sync.Mutex
 	nextIno  uint64 // next counter value to hand out
@@ -266,6 +271,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		s.maxSize = min(opts.MaxFileSize, MaxFileSize)
 	}
 	bopts := badger.DefaultOptions("")
+	sizes := badgerSizes{vlogFile: valueLogFileSize}
 	if opts.InMemory {
 		s.dir = ""
 		bopts = bopts.WithInMemory(true)
@@ -278,7 +284,17 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 			return nil, err
 		}
 		s.lock = lock
-		bopts = bopts.WithDir(filepath.Join(dir, "db")).WithValueDir(filepath.Join(dir, "db"))
+		dbDir := filepath.Join(dir, "db")
+		if s.space, err = newSpaceGuard(dir, dbDir, log, opts.statfs); err != nil {
+			s.unlock()
+			return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
+		}
+		sizes = s.space.sizes
+		if err := s.space.prepareStart(); err != nil {
+			s.unlock()
+			return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
+		}
+		bopts = bopts.WithDir(dbDir).WithValueDir(dbDir)
 	}
 	vt := int64(1 << 10)
 	if opts.valueThreshold > 0 {
@@ -292,14 +308,14 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		WithLogger(badgerLogger{log}).
 		WithSyncWrites(false). // Sync() at fsync/close; a process kill loses nothing the kernel has
 		WithNumMemtables(2).
-		WithMemTableSize(16 << 20).
+		WithMemTableSize(memtableSize).
 		WithValueThreshold(vt).
 		WithBlockCacheSize(16 << 20).
 		WithIndexCacheSize(8 << 20).
 		WithNumCompactors(2).
 		WithNumLevelZeroTables(3).
 		WithNumLevelZeroTablesStall(8).
-		WithValueLogFileSize(valueLogFileSize).
+		WithValueLogFileSize(sizes.vlogFile).
 		WithCompression(options.None). // pages are mostly incompressible or tiny metadata
 		WithMetricsEnabled(false).
 		WithDetectConflicts(true)
@@ -315,13 +331,16 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	}
 	s.db = db
 	kv := badgerKV{db: db, threshold: int(bopts.ValueThreshold)}
+	if !opts.InMemory {
+		kv.space, kv.gate = s.space, &s.gate
+	}
 	if !opts.InMemory && onTmpfs(bopts.ValueDir) {
 		// the path as the kernel names the mapping
 		dbDir, err := filepath.Abs(bopts.ValueDir)
 		if real, rerr := filepath.EvalSymlinks(dbDir); err == nil && rerr == nil {
 			dbDir = real
 		}
-		s.pf = startPrefaulter(dbDir, valueLogFileSize, log)
+		s.pf = startPrefaulter(dbDir, sizes.vlogFile, s.space, log)
 		kv.pf = s.pf
 	}
 	s.kv = kv
@@ -336,7 +355,8 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	if opts.InMemory {
 		close(s.done)
 	} else {
-		go s.gcLoop()
+		s.space.prepareWAL()
+		go s.spaceLoop()
 	}
 	return s, nil
 }
@@ -366,29 +386,11 @@ func lockDir(dir string) (*os.File, error) {
 }
 
 func (s *Store) unlock() {
+	s.space.close()
 	if s.lock != nil {
 		// the pid stays in the file: harmless, the flock is what counts
 		s.lock.Close()
 		s.lock = nil
-	}
-}
-
-// gcLoop reclaims value log space of deleted and overwritten pages.
-func (s *Store) gcLoop() {
-	defer close(s.done)
-	t := time.NewTicker(time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			for i := 0; i < 8; i++ { // bounded: a few files per tick
-				if s.db.RunValueLogGC(0.5) != nil {
-					break
-				}
-			}
-		}
 	}
 }
 
@@ -456,6 +458,12 @@ func (s *Store) purgeOrphans() error {
 	for _, ino := range orphans {
 		s.log.Info("purging unlinked inode left by a crash", "ino", ino)
 		if err := s.Purge(ino); err != nil {
+			if wire.CodeOf(err) == wire.CodeNoSpace {
+				// on a full disk the store opens all the same: the
+				// next start purges what is left
+				s.log.Warn("purging unlinked inodes left by a crash: no space", "err", err)
+				return nil
+			}
 			return err
 		}
 	}
@@ -583,6 +591,11 @@ func (s *Store) update(fn func(tx *Tx) error) (*Tx, error) {
 				}
 			}
 			if err := tx.stampOwned(s.ownerEp); err != nil {
+				return err
+			}
+			// Before the other replicas get it: a change this one has
+			// no space for is made nowhere.
+			if err := t.admit(); err != nil {
 				return err
 			}
 			if s.repl != nil && len(tx.writes) > 0 {

@@ -741,27 +741,26 @@ func (s *Store) ReadDir(dir ids.Ino, after uint64, max int) ([]DirEntry, error) 
 	return out, err
 }
 
-// StatFs reports the data directory's file system's space (all of it is
-// available to leasefs) and a nominal inode count.
+// StatFs reports the data directory's file system's size, and as free
+// what clients can still write there: its free space less the reserve the
+// store keeps for badger and for removals (space.go). It also reports a
+// nominal inode count.
 func (s *Store) StatFs() (StatFs, error) {
 	const files = 1 << 32
 	s.inoMu.Lock()
 	used := s.nextIno
 	s.inoMu.Unlock()
 	out := StatFs{Bsize: 4096, NameLen: NameMax, Files: files, Ffree: files - min(used, files)}
-	if s.dir == "" {
+	if s.space == nil {
 		out.Blocks, out.Bfree, out.Bavail = 1<<28, 1<<28, 1<<28 // in memory: 1 TiB nominal
 		return out, nil
 	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(s.dir, &st); err != nil {
-		return StatFs{}, wire.Errf(wire.CodeIO, "statfs %s: %v", s.dir, err)
+	free, total, err := s.space.free()
+	if err != nil {
+		return StatFs{}, wire.Errf(wire.CodeIO, "%v", err)
 	}
-	scale := uint64(st.Bsize) / 4096
-	if scale == 0 {
-		scale = 1
-		out.Bsize = uint32(st.Bsize)
-	}
-	out.Blocks, out.Bfree, out.Bavail = st.Blocks*scale, st.Bfree*scale, st.Bavail*scale
+	out.Blocks = uint64(total) / 4096
+	out.Bfree = uint64(free) / 4096
+	out.Bavail = out.Bfree
 	return out, nil
 }
