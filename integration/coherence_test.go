@@ -24,10 +24,25 @@ func twoMounts(t *testing.T) (a, b *mount) {
 	return startMount(t, s), startMount(t, s)
 }
 
+// onServerAndCluster runs fn with two mounts of one server, and with two
+// mounts of a 3-server cluster that start at different servers (so that
+// their requests meet through redirects and hand-overs).
+func onServerAndCluster(t *testing.T, fn func(t *testing.T, a, b *mount)) {
+	t.Run("server", func(t *testing.T) {
+		a, b := twoMounts(t)
+		fn(t, a, b)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := startCluster(t, 3, clusterTimings()...)
+		fn(t, c.mount(t, []int{0, 1, 2}), c.mount(t, []int{1, 2, 0}))
+	})
+}
+
 // TestCoherentData: a read on B returns every byte of each write that
 // returned on A, without fsync or close on A; stat agrees on size and mtime.
-func TestCoherentData(t *testing.T) {
-	a, b := twoMounts(t)
+func TestCoherentData(t *testing.T) { onServerAndCluster(t, testCoherentData) }
+
+func testCoherentData(t *testing.T, a, b *mount) {
 	fa, err := os.Create(filepath.Join(a.dir, "f"))
 	must(t, err)
 	defer fa.Close()
@@ -75,8 +90,9 @@ func TestCoherentData(t *testing.T) {
 
 // TestCoherentNamespace: creates, renames and removes on A are seen at
 // once by lookup, stat and ls on B.
-func TestCoherentNamespace(t *testing.T) {
-	a, b := twoMounts(t)
+func TestCoherentNamespace(t *testing.T) { onServerAndCluster(t, testCoherentNamespace) }
+
+func testCoherentNamespace(t *testing.T, a, b *mount) {
 	ls := func() []string {
 		ents, err := os.ReadDir(b.dir)
 		must(t, err)
@@ -121,8 +137,9 @@ func TestCoherentNamespace(t *testing.T) {
 
 // TestConcurrentAppend: two clients appending at once lose no record and
 // never interleave within one write.
-func TestConcurrentAppend(t *testing.T) {
-	a, b := twoMounts(t)
+func TestConcurrentAppend(t *testing.T) { onServerAndCluster(t, testConcurrentAppend) }
+
+func testConcurrentAppend(t *testing.T, a, b *mount) {
 	const records = 200
 	var wg sync.WaitGroup
 	for i, m := range []*mount{a, b} {
@@ -171,7 +188,10 @@ func TestFlockAcrossClients(t *testing.T) {
 	if _, err := exec.LookPath("flock"); err != nil {
 		t.Skip("no flock(1)")
 	}
-	a, b := twoMounts(t)
+	onServerAndCluster(t, testFlockAcrossClients)
+}
+
+func testFlockAcrossClients(t *testing.T, a, b *mount) {
 	must(t, os.WriteFile(filepath.Join(a.dir, "lock"), nil, 0o644))
 	holder := exec.Command("flock", "-x", filepath.Join(a.dir, "lock"), "sleep", "1.5")
 	must(t, holder.Start())
@@ -334,8 +354,9 @@ func patterned(n, mul int) []byte {
 // TestReadAheadCoherent: a mount reading a file sequentially fetches
 // ahead of itself; a write by another mount to a part fetched ahead, and
 // one by the reader itself, are seen by the reads that follow.
-func TestReadAheadCoherent(t *testing.T) {
-	a, b := twoMounts(t)
+func TestReadAheadCoherent(t *testing.T) { onServerAndCluster(t, testReadAheadCoherent) }
+
+func testReadAheadCoherent(t *testing.T, a, b *mount) {
 	const size = 12 << 20
 	want := patterned(size, 7)
 	must(t, os.WriteFile(filepath.Join(a.dir, "f"), want, 0o644))
@@ -751,8 +772,9 @@ func TestRemoveBehind(t *testing.T) {
 // write, through another handle of this mount or through another mount.
 // (A kernel page cache kept for readers would fail it unless every write
 // dropped the pages it changes.)
-func TestReadHandleSeesWrites(t *testing.T) {
-	a, b := twoMounts(t)
+func TestReadHandleSeesWrites(t *testing.T) { onServerAndCluster(t, testReadHandleSeesWrites) }
+
+func testReadHandleSeesWrites(t *testing.T, a, b *mount) {
 	p := filepath.Join(a.dir, "f")
 	must(t, os.WriteFile(p, patterned(256<<10, 3), 0o644))
 	r, err := os.Open(p)

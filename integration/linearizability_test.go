@@ -34,8 +34,9 @@ var registerModel = porcupine.Model{
 // TestLinearizable: several writers and readers on two mounts for a while;
 // every read must be explained by some order of the completed writes
 // (porcupine checks the recorded history).
-func TestLinearizable(t *testing.T) {
-	a, b := twoMounts(t)
+func TestLinearizable(t *testing.T) { onServerAndCluster(t, testLinearizable) }
+
+func testLinearizable(t *testing.T, a, b *mount) {
 	const files = 3
 	for f := 0; f < files; f++ {
 		must(t, os.WriteFile(filepath.Join(a.dir, "reg"+itoa(f)), make([]byte, 8), 0o644))
