@@ -347,7 +347,9 @@ func (g *spaceGuard) admit(c *txnCost) error {
 			g.log.Warn("refusing changes that add data until space is freed", "err", err)
 		}
 		return err
-	} else if g.full {
+	} else if g.full && free >= g.limitLocked()+g.sizes.vlogFile {
+		// a value log file's worth above the limit: a small change that
+		// fits between refused ones is no news
 		g.full = false
 		g.log.Info("space freed: taking changes again", "free", free-g.limitLocked())
 	}
