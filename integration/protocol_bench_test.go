@@ -18,6 +18,7 @@ import (
 	"github.com/leasefs/leasefs/client"
 	"github.com/leasefs/leasefs/internal/testnet"
 	"github.com/leasefs/leasefs/metaserver"
+	adminapi "github.com/leasefs/leasefs/metaserver/admin"
 	"github.com/leasefs/leasefs/transport"
 )
 
@@ -87,7 +88,7 @@ func BenchmarkRequestRate(b *testing.B) {
 			var total time.Duration
 			var done int64
 			for range b.N {
-				srvBefore := srv.AdminCounters().Requests
+				srvBefore := srv.AdminView().Counters().Requests
 				per := sz.requests / inflight
 				var wg sync.WaitGroup
 				errs := make(chan error, inflight)
@@ -111,7 +112,7 @@ func BenchmarkRequestRate(b *testing.B) {
 				n := int64(per * inflight)
 				// every StatFs must have reached the server, or this
 				// measures a cache
-				if got := srv.AdminCounters().Requests - srvBefore; got < n {
+				if got := srv.AdminView().Counters().Requests - srvBefore; got < n {
 					b.Fatalf("server saw %d requests, want at least %d", got, n)
 				}
 				done += n
@@ -134,9 +135,9 @@ func startProtoLeasefs(b *testing.B) (m *mount, s *server) {
 }
 
 // adminCounters reads a server's counters from its admin endpoint.
-func adminCounters(t testing.TB, s *server) metaserver.AdminCounters {
+func adminCounters(t testing.TB, s *server) adminapi.Counters {
 	t.Helper()
-	var c metaserver.AdminCounters
+	var c adminapi.Counters
 	must(t, json.Unmarshal(s.adminCall(t, "GET", "/api/counters"), &c))
 	return c
 }

@@ -9,9 +9,12 @@ import (
 
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/locks"
+	"github.com/leasefs/leasefs/metaserver/store"
 	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
+
+var errNotFound = wire.Err(wire.CodeNotFound)
 
 // lockReq is a data lock an operation takes for its client.
 type lockReq struct {
@@ -46,7 +49,7 @@ func (s *Server) underLocks(ctx context.Context, sess *session, want []lockReq, 
 		}
 		return s.runLocked(hs, fn)
 	}
-	// Cluster mode (cluster_server.go): own every inode first, holding no
+	// Cluster mode (package ownership): own every inode first, holding no
 	// client lock, then lock, then check that no inode was handed over
 	// while we waited for its lock.
 	inos := make([]ids.Ino, 0, len(want))
@@ -54,14 +57,14 @@ func (s *Server) underLocks(ctx context.Context, sess *session, want []lockReq, 
 		inos = append(inos, w.ino)
 	}
 	for attempt := 0; ; attempt++ {
-		if err := s.cl.ownAll(ctx, inos); err != nil {
+		if err := s.cl.OwnAll(ctx, inos); err != nil {
 			return wire.ErrorReply(err)
 		}
 		hs, errRep := s.takeLocks(ctx, sess, want)
 		if errRep != nil {
 			return errRep
 		}
-		if s.cl.stillOwned(inos) {
+		if s.cl.StillOwned(inos) {
 			return s.runLocked(hs, fn)
 		}
 		// The grants came after a hand-over (which revoked every lock on
@@ -138,7 +141,7 @@ func cmpIno(a, b ids.Ino) int {
 // child resolves parent/name without a lock, to know which inode to lock;
 // the operation re-checks under the locks.
 func (s *Server) child(parent ids.Ino, name string) ids.Ino {
-	if checkName(name) != nil {
+	if store.CheckName(name) != nil {
 		return 0
 	}
 	return s.store.Child(parent, name)
@@ -188,7 +191,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		st = st.For(o)
 	}
 	if s.cl != nil {
-		if rep := s.cl.redirect(r); rep != nil {
+		if rep := s.cl.Redirect(r); rep != nil {
 			return rep
 		}
 	}
@@ -233,7 +236,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			st := st.WithUmask(r.Umask)
 			switch r.Op {
 			case wire.OpCreate:
-				var a Attr
+				var a store.Attr
 				var err error
 				if r.Flags&wire.CreateIno != 0 {
 					// the times the client answered its caller with
@@ -305,7 +308,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		return &wire.Reply{Data: wire.AppendInoRange(nil, first, uint32(n))}
 	case wire.OpReadlink:
 		if s.cl != nil {
-			if err := s.cl.ownAll(ctx, []ids.Ino{r.Ino}); err != nil {
+			if err := s.cl.OwnAll(ctx, []ids.Ino{r.Ino}); err != nil {
 				return wire.ErrorReply(err)
 			}
 		}
@@ -391,7 +394,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 				return wire.ErrorReply(err)
 			}
 			if r.Flags&syscall.O_TRUNC != 0 && a.Mode&syscall.S_IFMT == syscall.S_IFREG && a.Size > 0 {
-				if a, err = st.SetAttr(r.Ino, SetAttrIn{Valid: wire.SetSize}, now); err != nil {
+				if a, err = st.SetAttr(r.Ino, store.SetAttrIn{Valid: wire.SetSize}, now); err != nil {
 					s.releaseHandle(sess, r.Ino)
 					return wire.ErrorReply(err)
 				}
@@ -441,7 +444,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 			}
 			spans := r.Spans
 			if spans == nil {
-				spans = SpanAt(r.Off, r.Data)
+				spans = store.SpanAt(r.Off, r.Data)
 			}
 			return attrReply(st.WriteSetAttr(r.Ino, spans, r.Data, setAttrIn(r), now))
 		})
@@ -554,11 +557,11 @@ func sentBehind(r *wire.Request) bool {
 
 // changeOrigin is the Origin a change request records (store_done.go):
 // the inode it is recorded with is one the change writes under an X lock.
-func changeOrigin(sess *session, r *wire.Request) (Origin, bool) {
+func changeOrigin(sess *session, r *wire.Request) (store.Origin, bool) {
 	if !r.Op.Changes() || r.ReqID == 0 {
-		return Origin{}, false
+		return store.Origin{}, false
 	}
-	return Origin{Ino: r.OriginIno(), Client: sess.client, Req: r.ReqID, Oldest: r.Oldest}, true
+	return store.Origin{Ino: r.OriginIno(), Client: sess.client, Req: r.ReqID, Oldest: r.Oldest}, true
 }
 
 // lockNew gives the client an X lock on an inode it just created, which
@@ -618,7 +621,7 @@ func (s *Server) replayed(sess *session, r *wire.Request) (*wire.Reply, bool) {
 	return &wire.Reply{}, true
 }
 
-func setAttrIn(r *wire.Request) SetAttrIn {
-	return SetAttrIn{Valid: r.Valid, Mode: r.Mode, Uid: r.Uid, Gid: r.Gid, Size: r.Size,
+func setAttrIn(r *wire.Request) store.SetAttrIn {
+	return store.SetAttrIn{Valid: r.Valid, Mode: r.Mode, Uid: r.Uid, Gid: r.Gid, Size: r.Size,
 		Atime: r.Atime, Mtime: r.Mtime, Ctime: r.Ctime}
 }

@@ -21,7 +21,11 @@ import (
 
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/internal/ratelog"
+	"github.com/leasefs/leasefs/metaserver/admin"
 	"github.com/leasefs/leasefs/metaserver/cluster"
+	"github.com/leasefs/leasefs/metaserver/ownership"
+	"github.com/leasefs/leasefs/metaserver/replica"
+	"github.com/leasefs/leasefs/metaserver/store"
 	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -44,7 +48,7 @@ type Config struct {
 	// reach it). While its Cut is on, peer requests are not answered.
 	PeerFaults *transport.Faults
 
-	// Cluster mode (cluster_server.go). Peers maps every server of the
+	// Cluster mode (package ownership). Peers maps every server of the
 	// cluster, this one included, to the HOST:PORT it serves on; nil or
 	// just this server is a single server (no PaxosLease at all).
 	Peers          map[ids.ServerID]string
@@ -66,6 +70,9 @@ type Config struct {
 	// beforeFetch, if set, is called before anti-entropy copies ino from
 	// peer p (tests: hold a copy back to force an interleaving).
 	beforeFetch func(p ids.ServerID, ino ids.Ino)
+	// statfs, if set, stands for the data directory's file system (tests:
+	// a full disk without filling one; store.StoreOptions.Statfs).
+	statfs func(dir string) (avail, total int64, err error)
 }
 
 // ErrOtherCluster: the data directory holds another cluster's identity.
@@ -85,6 +92,13 @@ func DefaultConfig() Config {
 		IdleRelease:     time.Minute,
 		AntiEntropy:     10 * time.Second,
 	}
+}
+
+// clustered reports whether c asks for cluster mode: more than one server.
+func (c *Config) clustered() bool { return len(c.Peers) > 1 }
+
+func errUnavailable(format string, a ...any) error {
+	return wire.Errf(wire.CodeUnavailable, format, a...)
 }
 
 // Validate checks the configuration and how its fields relate.
@@ -142,7 +156,8 @@ type session struct {
 type Server struct {
 	cfg   Config
 	log   *slog.Logger
-	store *Store
+	store *store.Store
+	repl  *replica.Replica // the replication layer over store
 	id    *transport.Identity
 	tr    *transport.Server
 	start time.Time
@@ -164,12 +179,13 @@ type Server struct {
 	// write's size read and write one step.
 	writeMu [64]sync.Mutex
 	lm      *lockMgr
-	cl      *clusterState // nil on a single server
-	stop    chan struct{} // ends the sweep (sessions.go)
-	swept   chan struct{} // closed when it ended
+	cl      *ownership.Owner // nil on a single server
+	stop    chan struct{}    // ends the sweep (sessions.go)
+	swept   chan struct{}    // closed when it ended
 
 	counters Counters
-	warns    *ratelog.Limiter // a peer's malformed requests log a few lines, not one each
+	warns    *ratelog.Limiter              // a peer's malformed requests log a few lines, not one each
+	metrics  atomic.Pointer[admin.Metrics] // while an admin endpoint runs
 }
 
 // Counters are the server's request and lease counters.
@@ -192,23 +208,27 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(), warns: ratelog.New(),
 		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}, purging: map[ids.Ino]struct{}{},
 		stop: make(chan struct{}), swept: make(chan struct{})}
-	opts := StoreOptions{ServerID: cfg.ServerID, Logger: cfg.Logger, MaxFileSize: cfg.MaxFileSize}
+	opts := store.StoreOptions{ServerID: cfg.ServerID, Logger: cfg.Logger, MaxFileSize: cfg.MaxFileSize, Statfs: cfg.statfs}
 	if cfg.clustered() {
-		s.cl = newClusterState(s)
-		opts.OwnerEpoch = s.cl.ownerEpoch
-		opts.Replicate = s.cl.replicate
-		opts.Uncommitted = s.cl.uncommitted
-		opts.OnAllocIno = s.cl.onAlloc
+		s.cl = ownership.New(ownership.Config{ServerID: cfg.ServerID, Peers: cfg.Peers, Dir: cfg.Dir,
+			OwnershipLease: cfg.OwnershipLease, ClientLease: cfg.ClientLease, ClockDrift: cfg.ClockDrift,
+			DeliveryTimeout: cfg.DeliveryTimeout, IdleRelease: cfg.IdleRelease, AntiEntropy: cfg.AntiEntropy,
+			Faults: cfg.Faults, PeerFaults: cfg.PeerFaults, Logger: cfg.Logger, Started: s.start,
+			BeforeFetch: cfg.beforeFetch})
+		opts.Stamp = replica.Stamp(s.cl.OwnerEpoch)
+		opts.Replicate = s.cl.Replicate
+		opts.Uncommitted = s.cl.Uncommitted
+		opts.OnAllocIno = s.cl.OnAlloc
 		opts.NoOrphanPurge = true
 	}
-	store, err := OpenStore(cfg.Dir, opts)
+	st, err := store.OpenStore(cfg.Dir, opts)
 	if err != nil {
 		return nil, err
 	}
-	s.store = store
+	s.store, s.repl = st, replica.New(st)
 	id, created, err := loadIdentity(cfg)
 	if err != nil {
-		store.Close()
+		st.Close()
 		return nil, err
 	}
 	s.id = id
@@ -222,17 +242,17 @@ func Start(cfg Config) (*Server, error) {
 	s.tr, err = transport.Listen(cfg.Listen, transport.ServerConfig{Identity: id, Logger: cfg.Logger, Faults: cfg.Faults,
 		Receiving: s.receiving}, s.serve)
 	if err != nil {
-		store.Close()
+		st.Close()
 		return nil, fmt.Errorf("metaserver: listen on %s: %w", cfg.Listen, err)
 	}
 	if s.cl != nil {
-		minEpoch, err := store.MaxEpoch()
+		minEpoch, err := s.repl.MaxEpoch()
 		if err == nil {
-			err = s.cl.startNode(id, minEpoch)
+			err = s.cl.Start(id, s.repl, ownerLocks{s.lm}, minEpoch)
 		}
 		if err != nil {
 			s.tr.Close()
-			store.Close()
+			st.Close()
 			return nil, err
 		}
 	}
@@ -289,7 +309,7 @@ func (s *Server) Token() string { return s.id.Token() }
 // far as ownership goes: held leases run out at the peers.
 func (s *Server) Close() error {
 	if s.cl != nil {
-		s.cl.close(context.Background(), false)
+		s.cl.Close(context.Background(), false)
 	}
 	select {
 	case <-s.stop:
@@ -335,7 +355,7 @@ func (s *Server) serve(ctx context.Context, tr *transport.Request) []byte {
 // run out), within ctx; then it closes.
 func (s *Server) Shutdown(ctx context.Context) error {
 	if s.cl != nil {
-		s.cl.close(ctx, true)
+		s.cl.Close(ctx, true)
 	}
 	return s.Close()
 }
@@ -349,9 +369,9 @@ func newSessionID() ids.SessionID {
 // handle answers one request (serve).
 func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	if s.cl != nil && cluster.IsPeerBody(tr.Body) {
-		return s.cl.handlePeer(ctx, tr)
+		return s.cl.HandlePeer(ctx, tr)
 	}
-	if h := s.observed(ctx); h != nil { // admin metrics (admin.go)
+	if h := s.observed(ctx); h != nil { // admin metrics (adminview.go)
 		return h(ctx, tr)
 	}
 	s.counters.Requests.Add(1)
@@ -608,7 +628,7 @@ func (s *Server) unopened(ino ids.Ino) bool {
 }
 
 // removed purges an inode that lost its last link, unless it is open.
-func (s *Server) removed(a *Attr) {
+func (s *Server) removed(a *store.Attr) {
 	if a == nil || a.Nlink > 0 || a.Mode&syscall.S_IFMT == syscall.S_IFDIR {
 		return
 	}
@@ -620,12 +640,12 @@ func (s *Server) removed(a *Attr) {
 	s.purgeUnlock(a.Ino)
 }
 
-func toWire(a Attr) *wire.Attr {
+func toWire(a store.Attr) *wire.Attr {
 	return &wire.Attr{Ino: a.Ino, Mode: a.Mode, Nlink: a.Nlink, Uid: a.Uid, Gid: a.Gid, Rdev: a.Rdev,
 		Size: a.Size, Blocks: a.Blocks, Atime: a.Atime, Mtime: a.Mtime, Ctime: a.Ctime, Version: a.Version, Change: a.Change}
 }
 
-func attrReply(a Attr, err error) *wire.Reply {
+func attrReply(a store.Attr, err error) *wire.Reply {
 	if err != nil {
 		return wire.ErrorReply(err)
 	}

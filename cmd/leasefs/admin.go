@@ -28,6 +28,7 @@ import (
 	"github.com/leasefs/leasefs/client"
 	"github.com/leasefs/leasefs/internal/mountsock"
 	"github.com/leasefs/leasefs/metaserver"
+	"github.com/leasefs/leasefs/metaserver/admin"
 	"github.com/leasefs/leasefs/transport"
 )
 
@@ -46,7 +47,7 @@ func startAdmin(srv *metaserver.Server) error {
 	if adminListen == "" {
 		return nil
 	}
-	_, err := srv.ServeAdmin(metaserver.AdminConfig{Listen: adminListen})
+	_, err := srv.ServeAdmin(admin.Config{Listen: adminListen})
 	return err
 }
 
@@ -331,7 +332,7 @@ func dash(s string) string {
 }
 
 func printStatus(w io.Writer, body []byte) error {
-	st, err := decode[metaserver.AdminStatus](body)
+	st, err := decode[admin.Status](body)
 	if err != nil {
 		return err
 	}
@@ -359,7 +360,7 @@ func printStatus(w io.Writer, body []byte) error {
 }
 
 func printClients(w io.Writer, body []byte) error {
-	cs, err := decode[[]metaserver.ClientInfo](body)
+	cs, err := decode[[]admin.ClientInfo](body)
 	if err != nil {
 		return err
 	}
@@ -379,7 +380,7 @@ func printClients(w io.Writer, body []byte) error {
 }
 
 func printLocks(w io.Writer, body []byte) error {
-	ls, err := decode[[]metaserver.LockInfo](body)
+	ls, err := decode[[]admin.LockInfo](body)
 	if err != nil {
 		return err
 	}
@@ -398,7 +399,7 @@ func printLocks(w io.Writer, body []byte) error {
 }
 
 func printOwners(w io.Writer, body []byte) error {
-	owners, err := decode[[]metaserver.OwnerInfo](body)
+	owners, err := decode[[]admin.OwnerInfo](body)
 	if err != nil {
 		return err
 	}
@@ -438,7 +439,7 @@ func printCounters(w io.Writer, body []byte) error {
 }
 
 func printEvict(w io.Writer, body []byte) error {
-	ev, err := decode[metaserver.EvictResult](body)
+	ev, err := decode[admin.EvictResult](body)
 	if err != nil {
 		return err
 	}
@@ -484,7 +485,7 @@ func printMount(w io.Writer, body []byte) error {
 }
 
 func printLoginLink(w io.Writer, body []byte) error {
-	l, err := decode[metaserver.LoginLink](body)
+	l, err := decode[admin.LoginLink](body)
 	if err != nil {
 		return err
 	}
@@ -494,7 +495,7 @@ func printLoginLink(w io.Writer, body []byte) error {
 }
 
 func printChecksum(w io.Writer, body []byte) error {
-	c, err := decode[metaserver.ChecksumInfo](body)
+	c, err := decode[admin.ChecksumInfo](body)
 	if err != nil {
 		return err
 	}
