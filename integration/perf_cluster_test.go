@@ -125,7 +125,7 @@ func disruptions(m *mount) string {
 func lapses(c *testCluster) string {
 	var out []string
 	for _, s := range c.servers {
-		out = append(out, fmt.Sprintf("server %d: %d", s.id, strings.Count(s.output(), "cluster: ownership lapsed")))
+		out = append(out, fmt.Sprintf("server %d: %d", s.id, strings.Count(s.output(), "paxosnode: ownership lapsed")))
 	}
 	return "ownerships lapsed: " + strings.Join(out, ", ")
 }

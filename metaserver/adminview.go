@@ -61,9 +61,9 @@ func (v adminView) Status() admin.Status {
 	st := admin.Status{ServerID: s.cfg.ServerID, Listen: s.Addr().String(), Started: s.start,
 		Uptime: time.Since(s.start).Round(time.Millisecond), CPUs: runtime.GOMAXPROCS(0), ClientLease: s.cfg.ClientLease,
 		ClockDrift: s.cfg.ClockDrift, Peers: []ownership.PeerStatus{}, StoreLSM: lsm, StoreVlog: vlog}
-	if s.cl != nil {
-		st.Peers = s.cl.PeerStatus()
-		cs := s.cl.Stats()
+	if s.owner != nil {
+		st.Peers = s.owner.PeerStatus()
+		cs := s.owner.Stats()
 		st.Cluster = &cs
 	}
 	s.mu.Lock()
@@ -193,9 +193,9 @@ func posixInfo(ino ids.Ino, lk locks.PosixLock, waiting bool) admin.LockInfo {
 func (v adminView) Owners() []admin.OwnerInfo {
 	s := v.s
 	out := []admin.OwnerInfo{}
-	if s.cl != nil {
+	if s.owner != nil {
 		now := time.Now()
-		for _, o := range s.cl.Owned() {
+		for _, o := range s.owner.Owned() {
 			out = append(out, admin.OwnerInfo{Ino: o.Ino, Owner: s.cfg.ServerID, Epoch: o.Epoch, Expiry: now.Add(o.Left),
 				Held: o.Held.Round(time.Millisecond), Idle: o.Idle.Round(time.Millisecond)})
 		}

@@ -207,7 +207,7 @@ func TestClusterHandover(t *testing.T) {
 		t.Fatalf("back through server 1: %q", got)
 	}
 	back := time.Since(start)
-	st1, st2 := tc.srv[1].cl.Stats(), tc.srv[2].cl.Stats()
+	st1, st2 := tc.srv[1].owner.Stats(), tc.srv[2].owner.Stats()
 	t.Logf("lookup+read through 2 (hand-over of root and file): %v; read back through 1: %v", moved, back)
 	t.Logf("server 1: %+v", st1)
 	t.Logf("server 2: %+v", st2)
@@ -261,7 +261,7 @@ func TestClusterCrossedHandovers(t *testing.T) {
 	if f.Ino%64 != ids.RootIno%64 {
 		t.Fatalf("server 1's first inode is %v: this test wants one equal to the root modulo 64", f.Ino)
 	}
-	bound := tc.srv[1].cl.GiveUpAfter()
+	bound := tc.srv[1].owner.GiveUpAfter()
 	var slowest time.Duration
 	for i := range 20 {
 		writeSync(ctx, t, c1, f.Ino, 0, []byte{byte(i)})                                                 // 1 owns f
@@ -312,7 +312,7 @@ func TestClusterGroupCommit(t *testing.T) {
 		}
 		dirs[w] = d.Ino
 	}
-	before := tc.srv[1].cl.Stats()
+	before := tc.srv[1].owner.Stats()
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for w := range workers {
@@ -332,7 +332,7 @@ func TestClusterGroupCommit(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	after := tc.srv[1].cl.Stats()
+	after := tc.srv[1].owner.Stats()
 	changes, calls := after.Replicated-before.Replicated, after.ReplCalls-before.ReplCalls
 	t.Logf("%d concurrent creates: %d changes replicated in %d calls to the 2 replicas", workers*files, changes, calls)
 	if changes < workers*files {
@@ -359,14 +359,14 @@ func TestClusterCreateAhead(t *testing.T) {
 	defer cancel()
 	c := tc.connect(1)
 	const files = 100
-	before := tc.srv[1].cl.Stats()
+	before := tc.srv[1].owner.Stats()
 	inos := createNumbered(ctx, t, c, files)
 	for _, o := range tc.srv[1].AdminView().Owners() {
 		if o.Ino > inos[len(inos)-1] {
 			t.Fatalf("admin owners lists %v, acquired ahead but not allocated yet", o.Ino)
 		}
 	}
-	ahead := tc.srv[1].cl.Stats().AllocAhead - before.AllocAhead
+	ahead := tc.srv[1].owner.Stats().AllocAhead - before.AllocAhead
 	t.Logf("%d of %d new inodes were owned before they were allocated", ahead, files)
 	if ahead < files/2 {
 		t.Fatalf("only %d of %d new inodes were owned ahead", ahead, files)
@@ -406,7 +406,7 @@ func TestClusterRestartNoGrace(t *testing.T) {
 			return err
 		})
 	}
-	if st := tc.srv[1].cl.Stats(); st.Recoveries == 0 || st.GracesStarted != 0 {
+	if st := tc.srv[1].owner.Stats(); st.Recoveries == 0 || st.GracesStarted != 0 {
 		t.Fatalf("restarted server 1: %+v", st)
 	}
 }
@@ -515,7 +515,7 @@ func TestClusterFailover(t *testing.T) {
 	d := tc.converge(10 * time.Second)
 	t.Logf("restarted server converged (checksums of all three agree) %v after its start", time.Since(start).Round(time.Millisecond))
 	_ = d
-	for tc.srv[1].cl.Quarantined() {
+	for tc.srv[1].owner.Quarantined() {
 		time.Sleep(10 * time.Millisecond)
 	}
 	got := readAll(ctx, t, tc.connect(1), a.Ino)
@@ -566,11 +566,11 @@ func TestClusterFencing(t *testing.T) {
 	// a change stamped with the old epoch, sent to every replica as the
 	// former owner would: a replica that took it would count towards a
 	// majority
-	before := tc.srv[1].cl.Stats().StaleRejected
-	if err := tc.srv[1].cl.Replicate(old); wire.CodeOf(err) != wire.CodeUnavailable ||
-		tc.srv[1].cl.Stats().StaleRejected != before+1 {
+	before := tc.srv[1].owner.Stats().StaleRejected
+	if err := tc.srv[1].owner.Replicate(old); wire.CodeOf(err) != wire.CodeUnavailable ||
+		tc.srv[1].owner.Stats().StaleRejected != before+1 {
 		t.Fatalf("a change of the old epoch: %v, stale rejections %d (before %d)", err,
-			tc.srv[1].cl.Stats().StaleRejected, before)
+			tc.srv[1].owner.Stats().StaleRejected, before)
 	}
 	if got := readAll(ctx, t, c2, a.Ino); string(got) != "v2" {
 		t.Fatalf("after the stale attempts: %q", got)

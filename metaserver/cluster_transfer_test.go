@@ -138,12 +138,12 @@ func TestClusterTransferCatchUp(t *testing.T) {
 	copied := fetchOf(logs, d.Ino)
 	if copied == "none logged" {
 		copied = fmt.Sprintf("pushed to it by the owner (state pushes: server 1 %d, server 2 %d)",
-			tc.srv[1].cl.Stats().StatePushes, tc.srv[2].cl.Stats().StatePushes)
+			tc.srv[1].owner.Stats().StatePushes, tc.srv[2].owner.Stats().StatePushes)
 	}
 	t.Logf("20,000-entry directory: restarted server 3 held it %v after its start, all checksums (the directory "+
 		"and its 20,000 new inodes) agreed after %v; the directory's state: %s", caught.Round(time.Millisecond),
 		time.Since(start).Round(time.Millisecond), copied)
-	st := tc.srv[3].cl.Stats()
+	st := tc.srv[3].owner.Stats()
 	if st.CaughtUp == 0 {
 		t.Fatalf("server 3 fetched nothing: %+v", st)
 	}
@@ -295,7 +295,7 @@ func TestClusterTransferLaggingOwner(t *testing.T) {
 	}
 	tc.kill(1)
 	c3 := tc.connect(3)
-	for tc.srv[3].cl.Quarantined() {
+	for tc.srv[3].owner.Quarantined() {
 		time.Sleep(5 * time.Millisecond)
 	}
 	// by its inode number, not a lookup: what this test is about is
@@ -321,7 +321,7 @@ func TestClusterTransferLaggingOwner(t *testing.T) {
 		t.Fatalf("server 3 did not recover the file by copying it: it did not lag; anti-entropy: %q",
 			logs.lines(`msg="fetched inode state"`, "ino="+a.Ino.String()+" "))
 	}
-	if st := tc.srv[3].cl.Stats(); st.Recoveries == 0 {
+	if st := tc.srv[3].owner.Stats(); st.Recoveries == 0 {
 		t.Fatalf("server 3 recovered nothing: %+v", st)
 	}
 	// and it can go on writing it, with server 2 as its majority

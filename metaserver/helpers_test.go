@@ -49,7 +49,7 @@ type replState struct {
 
 func stateOf(t testing.TB, s *Server, ino ids.Ino) replState {
 	t.Helper()
-	e, v, err := s.repl.ReplicaState(ino)
+	e, v, err := s.repl.State(ino)
 	if err != nil {
 		t.Fatal(err)
 	}

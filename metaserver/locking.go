@@ -12,7 +12,7 @@ import (
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/lease"
 	"github.com/leasefs/leasefs/locks"
-	"github.com/leasefs/leasefs/metaserver/cluster"
+	"github.com/leasefs/leasefs/metaserver/paxosnode"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -271,8 +271,8 @@ func (m *lockMgr) dispatchFor(out locks.Outcome, self holdKey) (locks.Grant, boo
 // when its application does not acknowledge in time (Burns et al.: a
 // delivery error starts the server's only lease timer).
 func (m *lockMgr) revoke(r locks.Revoke) {
-	if _, peer := cluster.PeerOf(r.Client); peer {
-		// a hand-over's pseudo client (cluster_server.go): it releases
+	if _, peer := paxosnode.PeerOf(r.Client); peer {
+		// a hand-over's pseudo client (package ownership): it releases
 		// the lock itself as soon as the hand-over is done
 		return
 	}

@@ -42,7 +42,7 @@ func reqs(mode locks.Mode, inos []ids.Ino) []lockReq {
 // with the reply.
 func (s *Server) underLocks(ctx context.Context, sess *session, want []lockReq, fn func() *wire.Reply) *wire.Reply {
 	slices.SortFunc(want, func(a, b lockReq) int { return cmpIno(a.ino, b.ino) })
-	if s.cl == nil {
+	if s.owner == nil {
 		hs, errRep := s.takeLocks(ctx, sess, want)
 		if errRep != nil {
 			return errRep
@@ -57,14 +57,14 @@ func (s *Server) underLocks(ctx context.Context, sess *session, want []lockReq, 
 		inos = append(inos, w.ino)
 	}
 	for attempt := 0; ; attempt++ {
-		if err := s.cl.OwnAll(ctx, inos); err != nil {
+		if err := s.owner.OwnAll(ctx, inos); err != nil {
 			return wire.ErrorReply(err)
 		}
 		hs, errRep := s.takeLocks(ctx, sess, want)
 		if errRep != nil {
 			return errRep
 		}
-		if s.cl.StillOwned(inos) {
+		if s.owner.StillOwned(inos) {
 			return s.runLocked(hs, fn)
 		}
 		// The grants came after a hand-over (which revoked every lock on
@@ -190,8 +190,8 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 	if o, ok := changeOrigin(sess, r); ok {
 		st = st.For(o)
 	}
-	if s.cl != nil {
-		if rep := s.cl.Redirect(r); rep != nil {
+	if s.owner != nil {
+		if rep := s.owner.Redirect(r); rep != nil {
 			return rep
 		}
 	}
@@ -296,7 +296,7 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		}
 		return rep
 	case wire.OpAllocInos:
-		if s.cl != nil {
+		if s.owner != nil {
 			// a new inode's owner acquires it as it makes it (onAlloc)
 			return wire.ErrorReply(wire.Errf(wire.CodeInvalid, "a cluster server hands out no inode numbers"))
 		}
@@ -307,8 +307,8 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		}
 		return &wire.Reply{Data: wire.AppendInoRange(nil, first, uint32(n))}
 	case wire.OpReadlink:
-		if s.cl != nil {
-			if err := s.cl.OwnAll(ctx, []ids.Ino{r.Ino}); err != nil {
+		if s.owner != nil {
+			if err := s.owner.OwnAll(ctx, []ids.Ino{r.Ino}); err != nil {
 				return wire.ErrorReply(err)
 			}
 		}
@@ -555,7 +555,7 @@ func sentBehind(r *wire.Request) bool {
 	return false
 }
 
-// changeOrigin is the Origin a change request records (store_done.go):
+// changeOrigin is the Origin a change request records (store.Origin):
 // the inode it is recorded with is one the change writes under an X lock.
 func changeOrigin(sess *session, r *wire.Request) (store.Origin, bool) {
 	if !r.Op.Changes() || r.ReqID == 0 {

@@ -1,6 +1,3 @@
-// Package metaserver is the leasefs server: it authenticates clients over the
-// transport, keeps their sessions, and serves file operations from its
-// badger store.
 package metaserver
 
 import (
@@ -22,8 +19,8 @@ import (
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/internal/ratelog"
 	"github.com/leasefs/leasefs/metaserver/admin"
-	"github.com/leasefs/leasefs/metaserver/cluster"
 	"github.com/leasefs/leasefs/metaserver/ownership"
+	"github.com/leasefs/leasefs/metaserver/paxosnode"
 	"github.com/leasefs/leasefs/metaserver/replica"
 	"github.com/leasefs/leasefs/metaserver/store"
 	"github.com/leasefs/leasefs/transport"
@@ -71,7 +68,7 @@ type Config struct {
 	// peer p (tests: hold a copy back to force an interleaving).
 	beforeFetch func(p ids.ServerID, ino ids.Ino)
 	// statfs, if set, stands for the data directory's file system (tests:
-	// a full disk without filling one; store.StoreOptions.Statfs).
+	// a full disk without filling one; store.Options.Statfs).
 	statfs func(dir string) (avail, total int64, err error)
 }
 
@@ -179,7 +176,7 @@ type Server struct {
 	// write's size read and write one step.
 	writeMu [64]sync.Mutex
 	lm      *lockMgr
-	cl      *ownership.Owner // nil on a single server
+	owner   *ownership.Owner // nil on a single server
 	stop    chan struct{}    // ends the sweep (sessions.go)
 	swept   chan struct{}    // closed when it ended
 
@@ -193,7 +190,7 @@ type Counters struct {
 	Requests, Errors, NacksSent, SessionsOpened atomic.Int64
 	// SessionsSwept: sessions of silent clients dropped (sessions.go)
 	SessionsSwept atomic.Int64
-	// Replayed: resent changes found already applied (store_done.go)
+	// Replayed: resent changes found already applied (store.Store.Applied)
 	Replayed atomic.Int64
 	// Bytes: request and reply bodies, the sign of bulk data moving
 	Bytes atomic.Int64
@@ -208,20 +205,20 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(), warns: ratelog.New(),
 		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}, purging: map[ids.Ino]struct{}{},
 		stop: make(chan struct{}), swept: make(chan struct{})}
-	opts := store.StoreOptions{ServerID: cfg.ServerID, Logger: cfg.Logger, MaxFileSize: cfg.MaxFileSize, Statfs: cfg.statfs}
+	opts := store.Options{ServerID: cfg.ServerID, Logger: cfg.Logger, MaxFileSize: cfg.MaxFileSize, Statfs: cfg.statfs}
 	if cfg.clustered() {
-		s.cl = ownership.New(ownership.Config{ServerID: cfg.ServerID, Peers: cfg.Peers, Dir: cfg.Dir,
+		s.owner = ownership.New(ownership.Config{ServerID: cfg.ServerID, Peers: cfg.Peers, Dir: cfg.Dir,
 			OwnershipLease: cfg.OwnershipLease, ClientLease: cfg.ClientLease, ClockDrift: cfg.ClockDrift,
 			DeliveryTimeout: cfg.DeliveryTimeout, IdleRelease: cfg.IdleRelease, AntiEntropy: cfg.AntiEntropy,
 			Faults: cfg.Faults, PeerFaults: cfg.PeerFaults, Logger: cfg.Logger, Started: s.start,
 			BeforeFetch: cfg.beforeFetch})
-		opts.Stamp = replica.Stamp(s.cl.OwnerEpoch)
-		opts.Replicate = s.cl.Replicate
-		opts.Uncommitted = s.cl.Uncommitted
-		opts.OnAllocIno = s.cl.OnAlloc
+		opts.Stamp = replica.Stamp(s.owner.OwnerEpoch)
+		opts.Replicate = s.owner.Replicate
+		opts.Uncommitted = s.owner.Uncommitted
+		opts.OnAllocIno = s.owner.OnAlloc
 		opts.NoOrphanPurge = true
 	}
-	st, err := store.OpenStore(cfg.Dir, opts)
+	st, err := store.Open(cfg.Dir, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -245,10 +242,10 @@ func Start(cfg Config) (*Server, error) {
 		st.Close()
 		return nil, fmt.Errorf("metaserver: listen on %s: %w", cfg.Listen, err)
 	}
-	if s.cl != nil {
+	if s.owner != nil {
 		minEpoch, err := s.repl.MaxEpoch()
 		if err == nil {
-			err = s.cl.Start(id, s.repl, ownerLocks{s.lm}, minEpoch)
+			err = s.owner.Start(id, s.repl, ownerLocks{s.lm}, minEpoch)
 		}
 		if err != nil {
 			s.tr.Close()
@@ -308,8 +305,8 @@ func (s *Server) Token() string { return s.id.Token() }
 // Close stops serving and closes the store. In a cluster it is a crash as
 // far as ownership goes: held leases run out at the peers.
 func (s *Server) Close() error {
-	if s.cl != nil {
-		s.cl.Close(context.Background(), false)
+	if s.owner != nil {
+		s.owner.Close(context.Background(), false)
 	}
 	select {
 	case <-s.stop:
@@ -354,8 +351,8 @@ func (s *Server) serve(ctx context.Context, tr *transport.Request) []byte {
 // over (so that other servers acquire without waiting for the leases to
 // run out), within ctx; then it closes.
 func (s *Server) Shutdown(ctx context.Context) error {
-	if s.cl != nil {
-		s.cl.Close(ctx, true)
+	if s.owner != nil {
+		s.owner.Close(ctx, true)
 	}
 	return s.Close()
 }
@@ -368,8 +365,8 @@ func newSessionID() ids.SessionID {
 
 // handle answers one request (serve).
 func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
-	if s.cl != nil && cluster.IsPeerBody(tr.Body) {
-		return s.cl.HandlePeer(ctx, tr)
+	if s.owner != nil && paxosnode.IsPeerBody(tr.Body) {
+		return s.owner.HandlePeer(ctx, tr)
 	}
 	if h := s.observed(ctx); h != nil { // admin metrics (adminview.go)
 		return h(ctx, tr)

@@ -1,40 +1,5 @@
 package admin
 
-// The admin endpoint: a JSON API, Prometheus metrics and a status page for
-// operators (issue 7). It only reads the server's state, under the same
-// mutexes the server uses (s.mu for sessions, s.lm.mu for the lock tables,
-// never both at once), except for evict, which fails a client exactly as a
-// delivery error would.
-//
-// Endpoints (GET unless noted):
-//
-//	/                    status page (HTML, refreshes itself)
-//	/api/status          Status
-//	/api/clients         []ClientInfo
-//	/api/locks           []LockInfo
-//	/api/owners          []OwnerInfo
-//	/api/counters        Counters
-//	/api/checksum        ChecksumInfo (a hash of every replicated record)
-//	POST /api/evict?client=ID   EvictResult
-//	POST /api/peer-cut?on=1|0   cut the links to the other servers (only with --peer-faults: tests)
-//	POST /api/login-link LoginLink: a one-time link that opens the status page in a browser
-//	/login?once=NONCE    sets the status page's cookie, once per link
-//	/debug/pprof/...     profiles of the server process
-//	/metrics             Prometheus text format
-//	/healthz             "ok"
-//
-// # Auth
-//
-// Everything but /metrics, /healthz and /login needs the admin credential:
-// "Authorization: Bearer <admin token>" (DATA/admin-token, or derived from
-// the join token by `leasefs admin`), or the cookie a login link sets. The
-// join token itself is never accepted. The endpoint speaks TLS with the
-// cluster's certificate, which admin clients pin as mounts do; a loopback
-// listener also speaks plain HTTP (a browser on the machine; told apart by
-// the first byte), and checks the Host header against DNS rebinding. A
-// request whose Origin is not the endpoint itself is refused (a web page
-// posting to it). See auth.go.
-
 import (
 	"context"
 	_ "embed"
@@ -279,21 +244,21 @@ func ParseClientID(s string) (ids.ClientID, error) {
 
 // Status is the server's overall state.
 type Status struct {
-	ServerID     ids.ServerID            `json:"server_id"`
-	Listen       string                  `json:"listen"`
-	Started      time.Time               `json:"started"`
-	Uptime       time.Duration           `json:"uptime_ns"`
-	CPUs         int                     `json:"cpus"` // GOMAXPROCS (serve --cpus)
-	ClientLease  time.Duration           `json:"client_lease_ns"`
-	ClockDrift   float64                 `json:"clock_drift"`
-	InGrace      bool                    `json:"in_grace"` // restart grace: no new locks
-	Peers        []ownership.PeerStatus  `json:"peers"`    // empty: a single server
-	Cluster      *ownership.ClusterStats `json:"cluster,omitempty"`
-	StoreLSM     int64                   `json:"store_lsm_bytes"`
-	StoreVlog    int64                   `json:"store_vlog_bytes"`
-	Sessions     int                     `json:"sessions"`
-	Failing      int                     `json:"failing"`
-	LockedInodes int                     `json:"locked_inodes"`
+	ServerID     ids.ServerID           `json:"server_id"`
+	Listen       string                 `json:"listen"`
+	Started      time.Time              `json:"started"`
+	Uptime       time.Duration          `json:"uptime_ns"`
+	CPUs         int                    `json:"cpus"` // GOMAXPROCS (serve --cpus)
+	ClientLease  time.Duration          `json:"client_lease_ns"`
+	ClockDrift   float64                `json:"clock_drift"`
+	InGrace      bool                   `json:"in_grace"` // restart grace: no new locks
+	Peers        []ownership.PeerStatus `json:"peers"`    // empty: a single server
+	Cluster      *ownership.Stats       `json:"cluster,omitempty"`
+	StoreLSM     int64                  `json:"store_lsm_bytes"`
+	StoreVlog    int64                  `json:"store_vlog_bytes"`
+	Sessions     int                    `json:"sessions"`
+	Failing      int                    `json:"failing"`
+	LockedInodes int                    `json:"locked_inodes"`
 }
 
 // ClientInfo is one client as far as the server knows it.

@@ -1,6 +1,6 @@
 package admin
 
-// Who may use the admin endpoint (issue 26, items 2 and 6).
+// Who may use the admin endpoint.
 //
 // The credential is the admin token (transport.AdminToken): a key derived
 // from the cluster secret, which does not give the secret back and so does

@@ -15,7 +15,7 @@ import (
 
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/lease/paxos"
-	"github.com/leasefs/leasefs/metaserver/cluster"
+	"github.com/leasefs/leasefs/metaserver/paxosnode"
 )
 
 // callLockFree asks a previous owner: ino, its epoch → status, 1 if none
@@ -28,7 +28,7 @@ const lockFreeWait = 200 * time.Millisecond
 
 // previousOwnerReleased asks the server that owned ino at epoch prev
 // whether its clients may still trust locks on it.
-func (c *Owner) previousOwnerReleased(ctx context.Context, n *cluster.Node, ino ids.Ino, prev ids.Epoch) bool {
+func (c *Owner) previousOwnerReleased(ctx context.Context, n *paxosnode.Node, ino ids.Ino, prev ids.Epoch) bool {
 	owner := paxos.BallotServer(prev)
 	if prev == 0 {
 		return false
@@ -78,6 +78,6 @@ func (c *Owner) handleLockFree(_ context.Context, _ ids.ServerID, body []byte) [
 // restartedSince reports whether this server restarted after it owned an
 // inode at epoch, more than τ(1+δ) ago: every lease its clients had from
 // the earlier run has run out.
-func (c *Owner) restartedSince(n *cluster.Node, epoch ids.Epoch) bool {
+func (c *Owner) restartedSince(n *paxosnode.Node, epoch ids.Epoch) bool {
 	return paxos.BallotBoot(epoch) != n.Boot() && time.Since(c.cfg.Started) > c.graceTime
 }

@@ -1,6 +1,6 @@
 package ownership
 
-// Server-to-server calls of cluster mode (cluster.Peers.Call kinds) and
+// Server-to-server calls of cluster mode (paxosnode.Peers.Call kinds) and
 // their encodings. Every body and reply is little-endian, length-prefixed
 // and bounded by transport.MaxBody; a reply starts with a status byte.
 // Also the peer side of whole-inode transfers (store_transfer.go): a
@@ -11,11 +11,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/leasefs/leasefs/internal/ids"
-	"github.com/leasefs/leasefs/metaserver/cluster"
+	"github.com/leasefs/leasefs/metaserver/paxosnode"
 	"github.com/leasefs/leasefs/metaserver/replica"
 	"github.com/leasefs/leasefs/metaserver/store"
 	"github.com/leasefs/leasefs/wire"
@@ -23,7 +22,7 @@ import (
 
 // Peer call kinds.
 const (
-	callApply     byte = 1 // []replica.ReplicaChange → status (ApplyReplica)
+	callApply     byte = 1 // []replica.Change → status (Apply)
 	callReplState byte = 2 // ino → status, epoch, version
 	callState     byte = 3 // ino, max bytes, after → status, replica.StatePage (ReadStatePage)
 	callReplace   byte = 4 // replica.Transfer, seq, last, records → status, done (StagePage)
@@ -42,7 +41,7 @@ const (
 	stNoSpace  byte = 5 // message: the replica has no space for the change
 )
 
-var errPeerDecode = errors.New("metaserver: bad peer message")
+var errPeerDecode = errors.New("ownership: bad peer message")
 
 type enc struct{ b []byte }
 
@@ -152,7 +151,7 @@ func (d *dec) writes() []store.Write {
 	return out
 }
 
-func encodeChanges(cs []replica.ReplicaChange) []byte {
+func encodeChanges(cs []replica.Change) []byte {
 	e := &enc{}
 	e.u32(uint32(len(cs)))
 	for _, c := range cs {
@@ -164,12 +163,12 @@ func encodeChanges(cs []replica.ReplicaChange) []byte {
 	return e.b
 }
 
-func decodeChanges(b []byte) ([]replica.ReplicaChange, error) {
+func decodeChanges(b []byte) ([]replica.Change, error) {
 	d := &dec{b: b}
 	n := d.count(28)
-	out := make([]replica.ReplicaChange, 0, n)
+	out := make([]replica.Change, 0, n)
 	for range n {
-		c := replica.ReplicaChange{Ino: ids.Ino(d.u64()), Epoch: ids.Epoch(d.u64()), Version: d.u64()}
+		c := replica.Change{Ino: ids.Ino(d.u64()), Epoch: ids.Epoch(d.u64()), Version: d.u64()}
 		c.Writes = d.writes()
 		out = append(out, c)
 	}
@@ -259,7 +258,7 @@ func decodeStage(b []byte) (tr replica.Transfer, seq uint32, records []store.Wri
 // copy. A dead peer is still found out within pageWait.
 type peerState struct {
 	c *Owner
-	n *cluster.Node
+	n *paxosnode.Node
 	p ids.ServerID
 }
 
@@ -303,55 +302,6 @@ func (ps peerState) StagePage(ctx context.Context, tr replica.Transfer, seq uint
 }
 
 func (c *Owner) pageWait() time.Duration { return 4 * c.callWait }
-
-// pushKey names a copy of an inode's state from one server (c: servers
-// in one process, as in tests, stay apart) to replica p, stamped ep.
-type pushKey struct {
-	c   *Owner
-	p   ids.ServerID
-	ino ids.Ino
-	ep  ids.Epoch
-}
-
-type push struct {
-	done chan struct{}
-	err  error
-}
-
-// pushFlights runs one copy per pushKey at a time; callers that come while
-// it runs wait for it and share its outcome. A package variable rather
-// than a Owner field: flights are keyed by their server anyway.
-type pushFlights struct {
-	mu sync.Mutex
-	m  map[pushKey]*push
-}
-
-var pushes = pushFlights{m: map[pushKey]*push{}}
-
-// join runs fn unless a copy for k is under way, then waits for that one
-// (or for ctx). A joiner may get a state read before the change it needs:
-// it finds the gap again and copies once more.
-func (f *pushFlights) join(ctx context.Context, k pushKey, fn func() error) error {
-	f.mu.Lock()
-	if p := f.m[k]; p != nil {
-		f.mu.Unlock()
-		select {
-		case <-p.done:
-			return p.err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	p := &push{done: make(chan struct{})}
-	f.m[k] = p
-	f.mu.Unlock()
-	p.err = fn()
-	f.mu.Lock()
-	delete(f.m, k)
-	f.mu.Unlock()
-	close(p.done)
-	return p.err
-}
 
 // switchWait is how long a receiver may take to switch to a staged state
 // of about size bytes: a generous 16 MiB/s of badger rewrites.
@@ -425,7 +375,7 @@ func replyErr(b []byte) (*dec, error) {
 	case stNotOwner:
 		return d, errPeerNotOwner
 	case stErr:
-		return d, fmt.Errorf("metaserver: peer: %s", d.b)
+		return d, fmt.Errorf("ownership: peer: %s", d.b)
 	case stNoSpace:
 		return d, wire.Errf(wire.CodeNoSpace, "peer: %s", d.b)
 	default:
@@ -436,4 +386,4 @@ func replyErr(b []byte) (*dec, error) {
 	}
 }
 
-var errPeerNotOwner = errors.New("metaserver: peer does not own the inode")
+var errPeerNotOwner = errors.New("ownership: peer does not own the inode")

@@ -19,9 +19,12 @@ type testStore struct {
 	*Replica
 }
 
+// Apply is the replica's (the store's takes raw writes: s.Store.Apply).
+func (s *testStore) Apply(changes []Change) error { return s.Replica.Apply(changes) }
+
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func openTestStore(t testing.TB, dir string, opts store.StoreOptions) *testStore {
+func openTestStore(t testing.TB, dir string, opts store.Options) *testStore {
 	t.Helper()
 	if opts.ServerID == 0 {
 		opts.ServerID = 1
@@ -29,7 +32,7 @@ func openTestStore(t testing.TB, dir string, opts store.StoreOptions) *testStore
 	if opts.Logger == nil {
 		opts.Logger = quiet
 	}
-	s, err := store.OpenStore(dir, opts)
+	s, err := store.Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +41,7 @@ func openTestStore(t testing.TB, dir string, opts store.StoreOptions) *testStore
 
 // newStore opens a real badger store in a temporary directory.
 func newStore(t testing.TB) *testStore {
-	s := openTestStore(t, t.TempDir(), store.StoreOptions{})
+	s := openTestStore(t, t.TempDir(), store.Options{})
 	t.Cleanup(func() { s.Close() })
 	return s
 }

@@ -2,6 +2,7 @@ package replica
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -18,12 +19,12 @@ import (
 
 // replNode is one server's real badger store. It is the owner of every inode
 // while epoch is set; every store runs in owner mode, so that a node can
-// become the owner without reopening (replicas only call ApplyReplica and
+// become the owner without reopening (replicas only call Apply and
 // ReplaceInode, which owner mode does not affect).
 type replNode struct {
 	s     *testStore
 	epoch ids.Epoch
-	log   [][]ReplicaChange // one entry per committed operation, split
+	log   [][]Change // one entry per committed operation, split
 }
 
 var errNotOwner = errors.New("test: not the owner")
@@ -31,7 +32,7 @@ var errNotOwner = errors.New("test: not the owner")
 func newReplNode(t testing.TB, id ids.ServerID) *replNode {
 	t.Helper()
 	n := &replNode{}
-	n.s = openTestStore(t, t.TempDir(), store.StoreOptions{
+	n.s = openTestStore(t, t.TempDir(), store.Options{
 		ServerID: id,
 		Stamp: Stamp(func(ids.Ino) (ids.Epoch, error) {
 			if n.epoch == 0 {
@@ -54,18 +55,18 @@ func replCluster(t *testing.T) (a, b, c *replNode) {
 }
 
 // take returns the operations committed since the last take.
-func (n *replNode) take() [][]ReplicaChange {
+func (n *replNode) take() [][]Change {
 	l := n.log
 	n.log = nil
 	return l
 }
 
 // ship applies operations to replicas in order.
-func ship(t *testing.T, ops [][]ReplicaChange, to ...*replNode) {
+func ship(t *testing.T, ops [][]Change, to ...*replNode) {
 	t.Helper()
 	for _, r := range to {
 		for _, op := range ops {
-			if err := r.s.ApplyReplica(op); err != nil {
+			if err := r.s.Apply(op); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -93,7 +94,7 @@ func sameChecksums(t *testing.T, nodes ...*replNode) {
 
 func stateOf(t *testing.T, s *testStore, ino ids.Ino) replState {
 	t.Helper()
-	e, v, err := s.ReplicaState(ino)
+	e, v, err := s.State(ino)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +186,7 @@ func TestReplStaleEpoch(t *testing.T) {
 	}
 	slices.Reverse(op)
 	before = checksum(t, b.s)
-	err = b.s.ApplyReplica(op)
+	err = b.s.Apply(op)
 	if !errors.As(err, &se) || se.Ino != ids.RootIno || se.Offered != 1 || se.Seen != 2 {
 		t.Fatalf("stale change applied: %v", err)
 	}
@@ -195,13 +196,12 @@ func TestReplStaleEpoch(t *testing.T) {
 	if _, err := b.s.GetAttr(g.Ino); !errors.Is(err, wire.Err(wire.CodeNotFound)) {
 		t.Fatalf("stale owner's new inode reached the replica: %v", err)
 	}
-	// and a stale snapshot is refused too
-	snap := must[InodeSnapshot](t)(d.s.InodeState(ids.RootIno))
-	if err := b.s.ReplaceInode(snap, 1); !errors.Is(err, ErrStaleEpoch) {
-		t.Fatalf("stale snapshot: %v", err)
+	// and a transfer of its state is refused too
+	if _, err := CopyInode(context.Background(), d.s, b.s, ids.RootIno, CopyOptions{Epoch: 1}); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("stale transfer: %v", err)
 	}
 	if checksum(t, b.s) != before {
-		t.Fatal("stale snapshot changed the replica")
+		t.Fatal("stale transfer changed the replica")
 	}
 }
 
@@ -220,7 +220,7 @@ func TestReplDuplicate(t *testing.T) {
 	before := checksum(t, b.s)
 
 	// ops[3] without ops[2]: a gap
-	err := b.s.ApplyReplica(ops[3])
+	err := b.s.Apply(ops[3])
 	var ge *VersionGapError
 	if !errors.As(err, &ge) || !errors.Is(err, ErrVersionGap) || ge.Ino != f.Ino ||
 		ge.Epoch != 1 || ge.Version != ops[3][0].Version || ge.SeenVersion != ops[3][0].Version-2 {
@@ -232,8 +232,8 @@ func TestReplDuplicate(t *testing.T) {
 	// several changes of one inode in one batch apply in order, even
 	// repeated
 	batch := slices.Concat(ops[2], ops[3], ops[2], ops[3])
-	must[any](t)(nil, b.s.ApplyReplica(batch))
-	must[any](t)(nil, b.s.ApplyReplica(batch))
+	must[any](t)(nil, b.s.Apply(batch))
+	must[any](t)(nil, b.s.Apply(batch))
 	ship(t, ops, b) // the whole history again
 	sameChecksums(t, a, b)
 	if got := must[[]byte](t)(b.s.Read(f.Ino, 0, 10)); string(got) != "abcd" {
@@ -269,11 +269,13 @@ func TestReplMultiInode(t *testing.T) {
 	}
 
 	// c saw a newer owner of e (epoch 5): the rename is refused whole
-	must[any](t)(nil, c.s.ReplaceInode(must[InodeSnapshot](t)(c.s.InodeState(e.Ino)), 5))
+	if st := stateOf(t, c.s, e.Ino); !must[bool](t)(c.s.Restamp(e.Ino, st.epoch, st.version, 5)) {
+		t.Fatalf("restamp of %v at %v refused", e.Ino, st)
+	}
 	ship(t, ops[:1], c)
 	before := checksum(t, c.s)
 	var se *StaleEpochError
-	if err := c.s.ApplyReplica(rename); !errors.As(err, &se) || se.Ino != e.Ino || se.Seen != 5 {
+	if err := c.s.Apply(rename); !errors.As(err, &se) || se.Ino != e.Ino || se.Seen != 5 {
 		t.Fatalf("rename over a newer epoch: %v", err)
 	}
 	if checksum(t, c.s) != before {
@@ -295,7 +297,7 @@ func TestReplMultiInode(t *testing.T) {
 	}
 }
 
-func changeInos(op []ReplicaChange) []ids.Ino {
+func changeInos(op []Change) []ids.Ino {
 	var out []ids.Ino
 	for _, ch := range op {
 		out = append(out, ch.Ino)
@@ -322,25 +324,36 @@ func allInos(t *testing.T, stores ...*testStore) []ids.Ino {
 	return slices.Compact(out)
 }
 
-// recover makes owner the owner of every inode at epoch: it reads every
-// inode from the majority, takes the newest and writes it back under its
-// epoch, as DESIGN.md's new owner does.
-func recoverAll(t *testing.T, owner *replNode, epoch ids.Epoch, majority ...*replNode) map[ids.Ino]InodeSnapshot {
+// recoverAll makes owner the owner of every inode at epoch: it reads every
+// inode's state from the majority, takes the newest and writes it back
+// under its epoch (a restamp where a replica holds it, a copy elsewhere),
+// as DESIGN.md's new owner does (ownership's recovery).
+func recoverAll(t *testing.T, owner *replNode, epoch ids.Epoch, majority ...*replNode) map[ids.Ino]replState {
 	t.Helper()
 	var stores []*testStore
 	for _, n := range majority {
 		stores = append(stores, n.s)
 	}
-	chosen := map[ids.Ino]InodeSnapshot{}
+	chosen := map[ids.Ino]replState{}
 	for _, ino := range allInos(t, stores...) {
-		var snaps []InodeSnapshot
+		var best replState
+		var bestAt *testStore
+		held := map[*testStore]replState{}
 		for _, s := range stores {
-			snaps = append(snaps, must[InodeSnapshot](t)(s.InodeState(ino)))
+			held[s] = stateOf(t, s, ino)
+			if bestAt == nil || best.less(held[s]) {
+				best, bestAt = held[s], s
+			}
 		}
-		newest := Newest(snaps)
-		chosen[ino] = newest
+		chosen[ino] = best
 		for _, s := range stores {
-			must[any](t)(nil, s.ReplaceInode(newest, epoch))
+			if held[s] == best && best.version > 0 {
+				if !must[bool](t)(s.Restamp(ino, best.epoch, best.version, epoch)) {
+					t.Fatalf("restamp of %v at %v refused", ino, best)
+				}
+				continue
+			}
+			must[CopyResult](t)(CopyInode(context.Background(), bestAt, s, ino, CopyOptions{Epoch: epoch}))
 		}
 	}
 	owner.epoch = epoch
@@ -374,9 +387,9 @@ func TestReplRecovery(t *testing.T) {
 		wantB[ino] = stateOf(t, b.s, ino)
 	}
 	chosen := recoverAll(t, b, 2, b, c)
-	for ino, snap := range chosen {
-		if snap.state() != wantB[ino] {
-			t.Fatalf("recovery of %v chose %v, b holds %v", ino, snap.state(), wantB[ino])
+	for ino, st := range chosen {
+		if st != wantB[ino] {
+			t.Fatalf("recovery of %v chose %v, b holds %v", ino, st, wantB[ino])
 		}
 		if got := stateOf(t, c.s, ino); got != (replState{2, wantB[ino].version}) {
 			t.Fatalf("c holds %v at %v after recovery", ino, got)
@@ -403,7 +416,7 @@ func TestReplRecovery(t *testing.T) {
 	must[store.Attr](t)(a.s.Write(f.Ino, 0, []byte("LOST"), 5))
 	for _, op := range a.take() {
 		for _, r := range []*replNode{b, c} {
-			if err := r.s.ApplyReplica(op); !errors.Is(err, ErrStaleEpoch) {
+			if err := r.s.Apply(op); !errors.Is(err, ErrStaleEpoch) {
 				t.Fatalf("deposed owner's change: %v", err)
 			}
 		}
@@ -420,7 +433,7 @@ func TestReplRecovery(t *testing.T) {
 		t.Fatalf("a holds f at %v, c at %v", af, cf)
 	}
 	chosen = recoverAll(t, c, 3, c, a)
-	if got := chosen[f.Ino].state(); got != cf {
+	if got := chosen[f.Ino]; got != cf {
 		t.Fatalf("recovery of f chose %v, c holds %v", got, cf)
 	}
 	sameChecksums(t, a, c)
@@ -431,12 +444,12 @@ func TestReplRecovery(t *testing.T) {
 	// the inode's state first
 	must[store.Attr](t)(c.s.Write(f.Ino, 0, []byte("N"), 7))
 	op := c.take()[0]
-	ship(t, [][]ReplicaChange{op}, a)
-	if err := b.s.ApplyReplica(op); !errors.Is(err, ErrVersionGap) {
+	ship(t, [][]Change{op}, a)
+	if err := b.s.Apply(op); !errors.Is(err, ErrVersionGap) {
 		t.Fatalf("change over another epoch's state: %v", err)
 	}
-	must[any](t)(nil, b.s.ReplaceInode(must[InodeSnapshot](t)(c.s.InodeState(f.Ino)), 3))
-	must[any](t)(nil, b.s.ApplyReplica(op)) // now a duplicate
+	must[CopyResult](t)(CopyInode(context.Background(), c.s, b.s, f.Ino, CopyOptions{Epoch: 3}))
+	must[any](t)(nil, b.s.Apply(op)) // now a duplicate
 	if got := must[[]byte](t)(b.s.Read(f.Ino, 0, 100)); string(got) != "New3456789" {
 		t.Fatalf("b reads %q", got)
 	}
@@ -480,8 +493,7 @@ func TestReplAntiEntropy(t *testing.T) {
 		}
 	}
 	for _, ino := range fetch {
-		snap := must[InodeSnapshot](t)(a.s.InodeState(ino))
-		must[any](t)(nil, b.s.ReplaceInode(snap, snap.Epoch))
+		must[CopyResult](t)(CopyInode(context.Background(), a.s, b.s, ino, CopyOptions{}))
 	}
 	sameChecksums(t, a, b)
 	for _, pair := range [][2]*testStore{{a.s, b.s}, {b.s, a.s}} {
@@ -532,8 +544,8 @@ func antiEntropy(t *testing.T, local, peer *testStore, max int, hashes bool) (fe
 	}
 }
 
-// TestReplLargeFile: a file of several chunks replicates, snapshots and
-// shrinks.
+// TestReplLargeFile: a file of several pages replicates, is copied whole
+// and shrinks.
 func TestReplLargeFile(t *testing.T) {
 	a, b, c := replCluster(t)
 	f := must[store.Attr](t)(a.s.Create(ids.RootIno, "big", reg|0o644, 0, 0, 0, 1))
@@ -550,18 +562,18 @@ func TestReplLargeFile(t *testing.T) {
 	if got := must[[]byte](t)(b.s.Read(f.Ino, 0, len(data)+10)); !bytes.Equal(got, data) {
 		t.Fatal("replica reads different data")
 	}
-	snap := must[InodeSnapshot](t)(b.s.InodeState(f.Ino))
-	if len(snap.Records) != 7 || snap.Epoch != 1 || snap.Version != 3 {
-		t.Fatalf("snapshot of %d records at %v/%d", len(snap.Records), snap.Epoch, snap.Version)
+	page := must[StatePage](t)(b.s.ReadStatePage(context.Background(), f.Ino, nil, 0))
+	if len(page.Records) != 7 || page.Epoch != 1 || page.Version != 3 || !page.Last {
+		t.Fatalf("state of %d records at %v/%d (last %v)", len(page.Records), page.Epoch, page.Version, page.Last)
 	}
-	// c never saw the file: the snapshot is enough to read it
-	must[any](t)(nil, c.s.ReplaceInode(snap, snap.Epoch))
+	// c never saw the file: its state is enough to read it
+	must[CopyResult](t)(CopyInode(context.Background(), b.s, c.s, f.Ino, CopyOptions{}))
 	if got := must[[]byte](t)(c.s.Read(f.Ino, 0, len(data))); !bytes.Equal(got, data) {
-		t.Fatal("snapshot reads different data")
+		t.Fatal("copy reads different data")
 	}
 	must[store.Attr](t)(a.s.SetAttr(f.Ino, store.SetAttrIn{Valid: wire.SetSize, Size: store.PageSize + 10}, 4))
 	ship(t, a.take(), b)
-	must[any](t)(nil, c.s.ReplaceInode(must[InodeSnapshot](t)(a.s.InodeState(f.Ino)), 1))
+	must[CopyResult](t)(CopyInode(context.Background(), a.s, c.s, f.Ino, CopyOptions{Epoch: 1}))
 	for _, n := range []*replNode{a, b, c} {
 		if k := countRecords(t, n.s, store.RecPage, f.Ino); k != 2 {
 			t.Fatalf("%d chunks after truncation", k)
@@ -578,27 +590,28 @@ func TestReplBadChange(t *testing.T) {
 	f := must[store.Attr](t)(a.s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
 	op := a.take()[0]
 	ch := op[1]
-	for name, bad := range map[string]ReplicaChange{
+	for name, bad := range map[string]Change{
 		"zero version":  {Ino: ch.Ino, Epoch: 1, Writes: ch.Writes},
 		"zero epoch":    {Ino: ch.Ino, Version: 1, Writes: ch.Writes},
 		"other inode":   {Ino: ids.RootIno, Epoch: 1, Version: 1, Writes: ch.Writes},
 		"server record": {Ino: ch.Ino, Epoch: 1, Version: 1, Writes: []store.Write{{Key: (&store.Tx{}).Key(store.RecServer, ids.MakeIno(2, 0), nil), Value: []byte("x")}}},
 		"state record":  {Ino: ch.Ino, Epoch: 1, Version: 1, Writes: []store.Write{{Key: (&store.Tx{}).Key(store.RecRepl, ch.Ino, nil), Value: []byte("x")}}},
 	} {
-		if err := b.s.ApplyReplica([]ReplicaChange{bad}); !errors.Is(err, ErrBadChange) {
+		if err := b.s.Apply([]Change{bad}); !errors.Is(err, ErrBadChange) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	snap := must[InodeSnapshot](t)(a.s.InodeState(f.Ino))
-	if err := b.s.ReplaceInode(snap, 0); !errors.Is(err, ErrBadChange) {
-		t.Errorf("snapshot stamped with epoch 0: %v", err)
-	}
-	snap.Ino = ids.RootIno
-	if err := b.s.ReplaceInode(snap, 1); !errors.Is(err, ErrBadChange) {
-		t.Errorf("snapshot of another inode: %v", err)
-	}
-	if err := b.s.ReplaceInode(must[InodeSnapshot](t)(a.s.InodeState(f.Ino)), 0); !errors.Is(err, ErrBadChange) {
-		t.Errorf("snapshot of a newer epoch than stamped: %v", err)
+	page := must[StatePage](t)(a.s.ReadStatePage(context.Background(), f.Ino, nil, 0))
+	good := Transfer{Ino: f.Ino, ID: 1, Epoch: page.Epoch, SrcEpoch: page.Epoch, Version: page.Version}
+	zeroEpoch, otherIno, newerSource := good, good, good
+	zeroEpoch.Epoch, zeroEpoch.SrcEpoch = 0, 0
+	otherIno.Ino = ids.RootIno
+	newerSource.SrcEpoch = page.Epoch + 1
+	for name, tr := range map[string]Transfer{"stamped with epoch 0": zeroEpoch, "of another inode": otherIno,
+		"of a newer epoch than stamped": newerSource} {
+		if _, err := b.s.StagePage(context.Background(), tr, 0, page.Records, true); !errors.Is(err, ErrBadChange) {
+			t.Errorf("transfer %s: %v", name, err)
+		}
 	}
 	// an owner with no epoch for an inode changes nothing
 	a.epoch = 0
@@ -612,12 +625,12 @@ func TestReplRestart(t *testing.T) {
 	dir := t.TempDir()
 	epoch := ids.Epoch(7)
 	owned := func(ids.Ino) (ids.Epoch, error) { return epoch, nil }
-	s := openTestStore(t, dir, store.StoreOptions{Stamp: Stamp(owned)})
+	s := openTestStore(t, dir, store.Options{Stamp: Stamp(owned)})
 	f := must[store.Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
 	must[store.Attr](t)(s.Write(f.Ino, 0, []byte("x"), 1))
 	sum := checksum(t, s)
 	must[any](t)(nil, s.Close())
-	s = openTestStore(t, dir, store.StoreOptions{Stamp: Stamp(owned)})
+	s = openTestStore(t, dir, store.Options{Stamp: Stamp(owned)})
 	defer s.Close()
 	if got := stateOf(t, s, f.Ino); got != (replState{7, 2}) {
 		t.Fatalf("after restart f is at %v", got)
@@ -628,12 +641,9 @@ func TestReplRestart(t *testing.T) {
 	if checksum(t, s) != sum {
 		t.Fatal("checksum changed across a restart")
 	}
-	if got := Newest(nil); got.Ino != 0 || got.Records != nil {
-		t.Fatalf("Newest of nothing: %+v", got)
-	}
 }
 
-// Run: go test ./metaserver -run '^$' -bench ApplyReplica -benchmem
+// Run: go test ./metaserver -run '^$' -bench Apply -benchmem
 //
 // Every apply is one synced transaction, so the disk's flush time dominates.
 // baseline is the same records through Apply and Sync, without fencing.
@@ -652,11 +662,11 @@ func BenchmarkApplyReplica(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				s := newStore(b)
 				chunk := make([]byte, bc.chunk)
-				changes := make([]ReplicaChange, bc.inos)
+				changes := make([]Change, bc.inos)
 				tx := &store.Tx{}
 				for i := range changes {
 					ino := ids.MakeIno(2, uint64(i+1))
-					changes[i] = ReplicaChange{Ino: ino, Epoch: 1,
+					changes[i] = Change{Ino: ino, Epoch: 1,
 						Writes: []store.Write{{Key: tx.Key(store.RecAttr, ino, nil), Value: attr}}}
 					if bc.chunk > 0 {
 						changes[i].Writes = append(changes[i].Writes, store.Write{Key: tx.Key64(store.RecPage, ino, 0), Value: chunk})
@@ -670,7 +680,7 @@ func BenchmarkApplyReplica(b *testing.B) {
 						writes = append(writes, c.Writes...)
 					}
 					for b.Loop() {
-						if err := s.Apply(writes); err != nil {
+						if err := s.Store.Apply(writes); err != nil {
 							b.Fatal(err)
 						}
 						if err := s.Sync(); err != nil {
@@ -683,7 +693,7 @@ func BenchmarkApplyReplica(b *testing.B) {
 					for i := range changes {
 						changes[i].Version = v
 					}
-					if err := s.ApplyReplica(changes); err != nil {
+					if err := s.Apply(changes); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -714,7 +724,7 @@ func attrRecord(t testing.TB) []byte {
 // the server unavailable to its client).
 func TestReplConcurrentChanges(t *testing.T) {
 	var uncommitted atomic.Int32
-	s := openTestStore(t, t.TempDir(), store.StoreOptions{
+	s := openTestStore(t, t.TempDir(), store.Options{
 		Stamp: Stamp(func(ids.Ino) (ids.Epoch, error) { return 1, nil }),
 		Replicate: func([]store.Write) error {
 			time.Sleep(time.Millisecond) // the replicas' round trip

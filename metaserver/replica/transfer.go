@@ -1,70 +1,5 @@
 package replica
 
-// Whole-inode state transfer in pages, for inodes of any size (DESIGN.md,
-// "Servers, ownership and replication": a new owner recovers an inode's
-// state from a majority; lagging replicas are brought up to date).
-//
-// An inode's state can be far bigger than one peer call (transport.MaxBody)
-// or one badger transaction (15% of the memtable), so it moves a page at a
-// time: the source reads pages (ReadStatePage), the receiver stages them
-// (StagePage), and CopyInode drives the two, over the network or not.
-//
-// # Reading: one state per transfer
-//
-// Each page is read in its own read transaction, together with the inode's
-// (epoch, version) read in that same transaction; CopyInode starts over if a
-// page comes at another state than the first. Every change to an inode's
-// records stamps its 'E' record in the same transaction (owner, replica,
-// replace, restamp), and within an epoch a version names one state, so pages
-// read at one (epoch, version) are pages of one state. We do not hold one
-// badger read transaction across the pages instead: a transfer spans many
-// peer calls, the source would have to keep per-transfer state, and badger's
-// value log GC may delete the files an old read snapshot still points into.
-// The cost: an inode that changes faster than it can be copied is not copied
-// until it calms down (CopyInode gives up after a few attempts; the callers
-// try again later, and replication meanwhile counts on the other replicas).
-//
-// # Receiving: the old state stays claimable until the switch
-//
-// Incoming records go to a staging key space, apart from the inode's
-// records, which keep the state the replica claims in its 'E' record. The
-// replica must not stop claiming that state during a transfer: it may be
-// the one of a majority that holds the newest acknowledged change, and if
-// the source died meanwhile, wiping it first would lose that change. Once
-// every page is staged (and synced), one transaction (the switch) stamps
-// 'E' with the new state, flagged as switching; from then on the replica
-// holds the new state, in its records and staging together, and the switch
-// is rolled forward (records not in the new state deleted, staged records
-// copied over) in bounded transactions that can be redone after a crash at
-// any point; a last transaction clears the flag and the staging header.
-// While the flag is set the replica refuses changes (a version gap) and
-// restamps; every path that reads or stamps the inode's records for
-// replication (page reads, transfers, restamps, InodeState) finishes the
-// switch first (settle), and SweepTransfers, which a cluster server runs
-// at start, finishes every switch a crash interrupted. (A server reads an
-// inode's records for clients only once it recovered it, which settles
-// it.) Abandoned staging (a sender that died, a crash before the
-// switch) is garbage: the next transfer of the inode, or SweepTransfers,
-// removes it, and meanwhile it is invisible.
-//
-// A state that fits in one page (most inodes) skips all this: it replaces
-// the replica's records and stamps 'E' in one transaction, as a change
-// does.
-//
-// # Safety
-//
-// Fencing holds at both ends: a transfer is refused with a *StaleEpochError
-// when it begins and when it switches if the replica has seen a newer epoch
-// than the one it installs. A replica never claims a state it does not hold:
-// 'E' changes only in a transaction that holds the whole state, the
-// one-page install's, or the switch's once the staged state is complete
-// and durable.
-//
-// # Key layout
-//
-//	'T' ino                     staging header: the transfer under way (stageHeader)
-//	'T' ino id(8) kind suffix   a staged record of transfer id: the record kind|ino|suffix
-
 import (
 	"bytes"
 	"context"
@@ -72,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"time"
 
 	"github.com/leasefs/leasefs/internal/ids"
@@ -108,12 +42,12 @@ const (
 var (
 	// ErrTransferBusy: another transfer of the inode is under way at the
 	// receiver (or a switch is being finished); try again later.
-	ErrTransferBusy = errors.New("metaserver: another transfer of the inode is under way")
+	ErrTransferBusy = errors.New("replica: another transfer of the inode is under way")
 	// ErrTransferLost: the receiver no longer stages this transfer (a newer
 	// one superseded it, or it was abandoned); start a new one.
-	ErrTransferLost = errors.New("metaserver: transfer superseded or abandoned at the receiver")
+	ErrTransferLost = errors.New("replica: transfer superseded or abandoned at the receiver")
 	// ErrTransferMoved: the source's state kept changing during the copy.
-	ErrTransferMoved = errors.New("metaserver: inode kept changing during the transfer")
+	ErrTransferMoved = errors.New("replica: inode kept changing during the transfer")
 )
 
 // StatePage is one page of an inode's records, in key order after the
@@ -242,7 +176,7 @@ func CopyInode(ctx context.Context, src StateSource, dst StateSink, ino ids.Ino,
 				return res, nil
 			}
 			if len(p.Records) == 0 {
-				return res, fmt.Errorf("metaserver: copy %v: empty page %d before the last", ino, seq)
+				return res, fmt.Errorf("replica: copy %v: empty page %d before the last", ino, seq)
 			}
 			after = p.Records[len(p.Records)-1].Key
 		}
@@ -256,7 +190,7 @@ func CopyInode(ctx context.Context, src StateSource, dst StateSink, ino ids.Ino,
 // ReadStatePage implements StateSource on this store: one transaction per
 // page. A switch left unfinished (by a crash) is finished first, so a page
 // never mixes two states.
-func (s *Replica) ReadStatePage(ctx context.Context, ino ids.Ino, after []byte, maxBytes int) (StatePage, error) {
+func (r *Replica) ReadStatePage(ctx context.Context, ino ids.Ino, after []byte, maxBytes int) (StatePage, error) {
 	if err := ctx.Err(); err != nil {
 		return StatePage{}, err
 	}
@@ -264,20 +198,20 @@ func (s *Replica) ReadStatePage(ctx context.Context, ino ids.Ino, after []byte, 
 		return StatePage{}, fmt.Errorf("%w: page cursor %x for %v", ErrBadChange, after, ino)
 	}
 	maxBytes = max(maxBytes, MinPageBytes)
-	if err := s.settle(ino); err != nil {
+	if err := r.settle(ino); err != nil {
 		return StatePage{}, err
 	}
 	page := StatePage{Ino: ino}
-	err := s.st.View(func(tx *store.Tx) error {
+	err := r.st.View(func(tx *store.Tx) error {
 		page.Records = page.Records[:0]
-		r, switching, err := replEntry(tx, ino)
+		rs, switching, err := replEntry(tx, ino)
 		if err != nil {
 			return err
 		}
 		if switching {
 			return fmt.Errorf("%w: %v is switching", ErrTransferBusy, ino)
 		}
-		page.Epoch, page.Version = r.epoch, r.version
+		page.Epoch, page.Version = rs.epoch, rs.version
 		size, full := 0, false
 		for _, p := range replPrefixes {
 			if after != nil && p < after[0] {
@@ -304,7 +238,7 @@ func (s *Replica) ReadStatePage(ctx context.Context, ino ids.Ino, after []byte, 
 		return nil
 	})
 	if err != nil {
-		return StatePage{}, fmt.Errorf("metaserver: read state of %v: %w", ino, err)
+		return StatePage{}, fmt.Errorf("replica: read state of %v: %w", ino, err)
 	}
 	return page, nil
 }
@@ -394,7 +328,7 @@ func (tr *Transfer) validate(records []store.Write) error {
 // transaction. Later pages must follow in order (ErrTransferLost if the
 // transfer is no longer the one staged). The last page switches (fenced
 // again) and returns once the replica holds the state, synced.
-func (s *Replica) StagePage(ctx context.Context, tr Transfer, seq uint32, records []store.Write, last bool) (bool, error) {
+func (r *Replica) StagePage(ctx context.Context, tr Transfer, seq uint32, records []store.Write, last bool) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -402,13 +336,13 @@ func (s *Replica) StagePage(ctx context.Context, tr Transfer, seq uint32, record
 		return false, err
 	}
 	if seq == 0 {
-		if err := s.settle(tr.Ino); err != nil {
+		if err := r.settle(tr.Ino); err != nil {
 			return false, err
 		}
 		if last {
 			// the whole state in one page: installed at once, unless it
 			// drops too many records for one transaction
-			if done, ok, err := s.replaceWhole(tr, records); ok || err != nil {
+			if done, ok, err := r.replaceWhole(tr, records); ok || err != nil {
 				return done, err
 			}
 		}
@@ -416,7 +350,7 @@ func (s *Replica) StagePage(ctx context.Context, tr Transfer, seq uint32, record
 	done := false
 	var superseded stageHeader
 	now := time.Now().UnixNano()
-	err := s.st.UpdateRaw(func(tx *store.Tx) error {
+	err := r.st.UpdateRaw(func(tx *store.Tx) error {
 		done, superseded = false, stageHeader{}
 		h, found, err := readStageHeader(tx, tr.Ino)
 		if err != nil {
@@ -462,24 +396,24 @@ func (s *Replica) StagePage(ctx context.Context, tr Transfer, seq uint32, record
 		return tx.Set(tx.Key(store.RecStage, tr.Ino, nil), h.encode())
 	})
 	if err != nil {
-		return false, fmt.Errorf("metaserver: stage %v page %d: %w", tr.Ino, seq, err)
+		return false, fmt.Errorf("replica: stage %v page %d: %w", tr.Ino, seq, err)
 	}
 	if done {
 		return true, nil
 	}
 	if superseded.id != 0 {
-		s.logSuperseded(tr, superseded, now)
+		r.logSuperseded(tr, superseded, now)
 	}
 	if seq == 0 {
 		// the staging of transfers this one superseded
-		if err := s.collectStaged(tr.Ino); err != nil {
+		if err := r.collectStaged(tr.Ino); err != nil {
 			return false, err
 		}
 	}
 	if !last {
 		return false, nil
 	}
-	return true, s.switchTo(tr, seq)
+	return true, r.switchTo(tr, seq)
 }
 
 // supersedes reports whether tr may replace the staging h (nil), or
@@ -504,8 +438,8 @@ func (tr *Transfer) supersedes(h stageHeader, now int64) error {
 		idle.Round(time.Millisecond))
 }
 
-func (s *Replica) logSuperseded(tr Transfer, h stageHeader, now int64) {
-	s.log.Debug("transfer superseded", "ino", tr.Ino, "old", fmt.Sprintf("%x", h.id),
+func (r *Replica) logSuperseded(tr Transfer, h stageHeader, now int64) {
+	r.log.Debug("transfer superseded", "ino", tr.Ino, "old", fmt.Sprintf("%x", h.id),
 		"old_state", replState{h.epoch, h.version}, "new", fmt.Sprintf("%x", tr.ID), "new_state", tr.state(),
 		"idle", time.Duration(now-h.active))
 }
@@ -514,7 +448,7 @@ func (s *Replica) logSuperseded(tr Transfer, h stageHeader, now int64) {
 // transaction, synced: atomic, so no staging. ok is false, with nothing
 // done, if the replica holds more than moveRecords records beyond it (the
 // caller stages it instead).
-func (s *Replica) replaceWhole(tr Transfer, records []store.Write) (done, ok bool, err error) {
+func (r *Replica) replaceWhole(tr Transfer, records []store.Write) (done, ok bool, err error) {
 	keep := make(map[string]struct{}, len(records))
 	for _, w := range records {
 		keep[string(w.Key)] = struct{}{}
@@ -522,7 +456,7 @@ func (s *Replica) replaceWhole(tr Transfer, records []store.Write) (done, ok boo
 	var superseded stageHeader
 	now := time.Now().UnixNano()
 	wrote := false
-	err = s.st.UpdateRaw(func(tx *store.Tx) error {
+	err = r.st.UpdateRaw(func(tx *store.Tx) error {
 		done, ok, wrote, superseded = false, true, false, stageHeader{}
 		seen, switching, err := replEntry(tx, tr.Ino)
 		if err != nil {
@@ -580,19 +514,19 @@ func (s *Replica) replaceWhole(tr Transfer, records []store.Write) (done, ok boo
 		return tx.Set(tx.Key(store.RecRepl, tr.Ino, nil), tr.state().encode(make([]byte, 0, replSize)))
 	})
 	if err != nil {
-		return false, true, fmt.Errorf("metaserver: replace %v: %w", tr.Ino, err)
+		return false, true, fmt.Errorf("replica: replace %v: %w", tr.Ino, err)
 	}
 	if !ok {
 		return false, false, nil
 	}
 	if superseded.id != 0 {
-		s.logSuperseded(tr, superseded, now)
-		if err := s.collectStaged(tr.Ino); err != nil {
+		r.logSuperseded(tr, superseded, now)
+		if err := r.collectStaged(tr.Ino); err != nil {
 			return false, true, err
 		}
 	}
 	if wrote {
-		return true, true, s.st.Sync()
+		return true, true, r.st.Sync()
 	}
 	return done, true, nil
 }
@@ -600,12 +534,12 @@ func (s *Replica) replaceWhole(tr Transfer, records []store.Write) (done, ok boo
 // switchTo ends transfer tr after its last page seq: fenced once more, it
 // stamps the state (flagged) and rolls the switch forward; or, if the
 // replica moved beyond it meanwhile, drops the staging.
-func (s *Replica) switchTo(tr Transfer, seq uint32) error {
-	switched, err := s.commitSwitch(tr, seq)
+func (r *Replica) switchTo(tr Transfer, seq uint32) error {
+	switched, err := r.commitSwitch(tr, seq)
 	if err != nil || !switched {
 		return err
 	}
-	return s.rollForward(tr.Ino, tr.ID)
+	return r.rollForward(tr.Ino, tr.ID)
 }
 
 // commitSwitch is the switch's commit point: the replica claims tr's state
@@ -613,14 +547,14 @@ func (s *Replica) switchTo(tr Transfer, seq uint32) error {
 // sender hears of it). It reports
 // false if the replica holds tr's state or a newer one already (the
 // staging is dropped; a *StaleEpochError if it has seen a newer epoch).
-func (s *Replica) commitSwitch(tr Transfer, seq uint32) (bool, error) {
+func (r *Replica) commitSwitch(tr Transfer, seq uint32) (bool, error) {
 	// the staged records must be durable before 'E' claims them
-	if err := s.st.Sync(); err != nil {
+	if err := r.st.Sync(); err != nil {
 		return false, err
 	}
 	var stale error
 	drop := false
-	err := s.st.UpdateRaw(func(tx *store.Tx) error {
+	err := r.st.UpdateRaw(func(tx *store.Tx) error {
 		stale, drop = nil, false
 		h, found, err := readStageHeader(tx, tr.Ino)
 		if err != nil {
@@ -652,10 +586,10 @@ func (s *Replica) commitSwitch(tr Transfer, seq uint32) (bool, error) {
 		return tx.Set(tx.Key(store.RecRepl, tr.Ino, nil), tr.state().encodeSwitching(nil))
 	})
 	if err != nil {
-		return false, fmt.Errorf("metaserver: switch %v: %w", tr.Ino, err)
+		return false, fmt.Errorf("replica: switch %v: %w", tr.Ino, err)
 	}
 	if drop {
-		if err := s.collectStaged(tr.Ino); err != nil {
+		if err := r.collectStaged(tr.Ino); err != nil {
 			return false, err
 		}
 		return false, stale
@@ -664,7 +598,7 @@ func (s *Replica) commitSwitch(tr Transfer, seq uint32) (bool, error) {
 }
 
 // errSwitchOver stops a roll-forward that another one finished.
-var errSwitchOver = errors.New("metaserver: switch finished elsewhere")
+var errSwitchOver = errors.New("replica: switch finished elsewhere")
 
 // switching checks, inside a roll-forward's transaction, that transfer id
 // of ino is still being switched.
@@ -684,13 +618,13 @@ func switching(tx *store.Tx, ino ids.Ino, id uint64) (stageHeader, error) {
 // ones over, then clears the flag and the header in one transaction, and
 // drops the staging. Every step is a bounded transaction that checks the
 // header, so it can be redone after a crash, or run twice at once.
-func (s *Replica) rollForward(ino ids.Ino, id uint64) error {
-	err := s.rollDelete(ino, id)
+func (r *Replica) rollForward(ino ids.Ino, id uint64) error {
+	err := r.rollDelete(ino, id)
 	if err == nil {
-		err = s.rollCopy(ino, id, 0)
+		err = r.rollCopy(ino, id, 0)
 	}
 	if err == nil {
-		err = s.st.UpdateRaw(func(tx *store.Tx) error {
+		err = r.st.UpdateRaw(func(tx *store.Tx) error {
 			h, err := switching(tx, ino, id)
 			if err != nil {
 				return err
@@ -702,22 +636,22 @@ func (s *Replica) rollForward(ino ids.Ino, id uint64) error {
 		})
 	}
 	if err != nil && !errors.Is(err, errSwitchOver) {
-		return fmt.Errorf("metaserver: switch %v: %w", ino, err)
+		return fmt.Errorf("replica: switch %v: %w", ino, err)
 	}
-	if err := s.st.Sync(); err != nil {
+	if err := r.st.Sync(); err != nil {
 		return err
 	}
-	return s.collectStaged(ino)
+	return r.collectStaged(ino)
 }
 
 // rollDelete deletes ino's records that transfer id did not stage.
-func (s *Replica) rollDelete(ino ids.Ino, id uint64) error {
+func (r *Replica) rollDelete(ino ids.Ino, id uint64) error {
 	var cursor []byte // the last record looked at
 	for {
 		var dels [][]byte
 		var last []byte
 		end := false
-		err := s.st.UpdateRaw(func(tx *store.Tx) error {
+		err := r.st.UpdateRaw(func(tx *store.Tx) error {
 			dels, last, end = dels[:0], nil, false
 			if _, err := switching(tx, ino, id); err != nil {
 				return err
@@ -775,12 +709,12 @@ func (s *Replica) rollDelete(ino ids.Ino, id uint64) error {
 
 // rollCopy copies transfer id's staged records over ino's records, in at
 // most batches transactions if batches > 0 (tests: a crash midway).
-func (s *Replica) rollCopy(ino ids.Ino, id uint64, batches int) error {
+func (r *Replica) rollCopy(ino ids.Ino, id uint64, batches int) error {
 	var cursor []byte // the last staged key copied
 	for batch := 1; ; batch++ {
 		var sets []store.Write
 		end := false
-		err := s.st.UpdateRaw(func(tx *store.Tx) error {
+		err := r.st.UpdateRaw(func(tx *store.Tx) error {
 			sets, end = sets[:0], false
 			if _, err := switching(tx, ino, id); err != nil {
 				return err
@@ -820,10 +754,10 @@ func (s *Replica) rollCopy(ino ids.Ino, id uint64, batches int) error {
 
 // collectStaged deletes ino's staged records that no staging transfer
 // owns (superseded, abandoned, or switched), in bounded transactions.
-func (s *Replica) collectStaged(ino ids.Ino) error {
+func (r *Replica) collectStaged(ino ids.Ino) error {
 	for {
 		more := false
-		err := s.st.UpdateRaw(func(tx *store.Tx) error {
+		err := r.st.UpdateRaw(func(tx *store.Tx) error {
 			more = false
 			h, found, err := readStageHeader(tx, ino)
 			if err != nil {
@@ -859,7 +793,7 @@ func (s *Replica) collectStaged(ino ids.Ino) error {
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("metaserver: drop staging of %v: %w", ino, err)
+			return fmt.Errorf("replica: drop staging of %v: %w", ino, err)
 		}
 		if !more {
 			return nil
@@ -870,10 +804,10 @@ func (s *Replica) collectStaged(ino ids.Ino) error {
 // settle finishes a switch of ino that was left unfinished (by a crash, or
 // that another goroutine is finishing): after it, ino's records are the
 // state its 'E' record claims.
-func (s *Replica) settle(ino ids.Ino) error {
+func (r *Replica) settle(ino ids.Ino) error {
 	var h stageHeader
 	switching := false
-	err := s.st.View(func(tx *store.Tx) error {
+	err := r.st.View(func(tx *store.Tx) error {
 		var err error
 		_, switching, err = replEntry(tx, ino)
 		if err != nil || !switching {
@@ -889,21 +823,21 @@ func (s *Replica) settle(ino ids.Ino) error {
 	if err != nil || !switching {
 		return err
 	}
-	return s.rollForward(ino, h.id)
+	return r.rollForward(ino, h.id)
 }
 
 // SweepTransfers finishes every switch left unfinished, and drops the
 // staging of transfers idle for longer than idle (their senders died or
 // gave up) and staged records no transfer owns. A cluster server calls it
 // at start and then now and then.
-func (s *Replica) SweepTransfers(idle time.Duration) error {
+func (r *Replica) SweepTransfers(idle time.Duration) error {
 	now := time.Now().UnixNano()
 	after := ids.Ino(0)
 	first := true
 	for {
 		var ino ids.Ino
 		found := false
-		err := s.st.View(func(tx *store.Tx) error {
+		err := r.st.View(func(tx *store.Tx) error {
 			start := []byte{store.RecStage}
 			if !first {
 				if after == MaxIno {
@@ -920,10 +854,10 @@ func (s *Replica) SweepTransfers(idle time.Duration) error {
 			return err
 		}
 		first, after = false, ino
-		if err := s.settle(ino); err != nil {
+		if err := r.settle(ino); err != nil {
 			return err
 		}
-		err = s.st.UpdateRaw(func(tx *store.Tx) error {
+		err = r.st.UpdateRaw(func(tx *store.Tx) error {
 			h, found, err := readStageHeader(tx, ino)
 			if err != nil || !found || h.phase != phaseStaging || now-h.active < int64(idle) {
 				return err
@@ -931,36 +865,10 @@ func (s *Replica) SweepTransfers(idle time.Duration) error {
 			return tx.Delete(tx.Key(store.RecStage, ino, nil))
 		})
 		if err == nil {
-			err = s.collectStaged(ino)
+			err = r.collectStaged(ino)
 		}
 		if err != nil {
 			return err
 		}
 	}
-}
-
-// snapshotSource serves an in-memory snapshot as pages (ReplaceInode).
-type snapshotSource struct{ snap InodeSnapshot }
-
-func (ss snapshotSource) ReadStatePage(_ context.Context, ino ids.Ino, after []byte, maxBytes int) (StatePage, error) {
-	recs := ss.snap.Records
-	i := 0
-	if after != nil {
-		i, _ = slices.BinarySearchFunc(recs, after, func(w store.Write, k []byte) int { return bytes.Compare(w.Key, k) })
-		if i < len(recs) && bytes.Equal(recs[i].Key, after) {
-			i++
-		}
-	}
-	p := StatePage{Ino: ino, Epoch: ss.snap.Epoch, Version: ss.snap.Version}
-	size := 0
-	for ; i < len(recs); i++ {
-		w := recs[i]
-		if len(p.Records) > 0 && (size+len(w.Key)+len(w.Value) > max(maxBytes, MinPageBytes) || len(p.Records) == maxPageRecords) {
-			return p, nil
-		}
-		size += len(w.Key) + len(w.Value)
-		p.Records = append(p.Records, w)
-	}
-	p.Last = true
-	return p, nil
 }

@@ -23,7 +23,7 @@ import (
 // at *epoch (0: owned by nobody, as a replica).
 func ownedStore(t *testing.T, dir string, id ids.ServerID, epoch *ids.Epoch) *testStore {
 	t.Helper()
-	return openTestStore(t, dir, store.StoreOptions{ServerID: id, NoOrphanPurge: true,
+	return openTestStore(t, dir, store.Options{ServerID: id, NoOrphanPurge: true,
 		Stamp: Stamp(func(ids.Ino) (ids.Epoch, error) {
 			if *epoch == 0 {
 				return 0, errNotOwner
@@ -276,8 +276,8 @@ func newCrashPair(t *testing.T) *crashPair {
 	cp.oldState = inodeDigest(t, cp.b, f.Ino)
 	// the source moves on under a later owner of epoch 3 (it recovered
 	// from a's side of the cluster: a restamp); b lagged
-	e, v := must2(cp.a.ReplicaState(f.Ino))
-	if ok := must[bool](t)(cp.a.RestampInode(f.Ino, e, v, 3)); !ok {
+	e, v := must2(cp.a.State(f.Ino))
+	if ok := must[bool](t)(cp.a.Restamp(f.Ino, e, v, 3)); !ok {
 		t.Fatal("restamp refused")
 	}
 	epA = 3
@@ -398,7 +398,8 @@ func TestTransferCrashStaging(t *testing.T) {
 // point of its roll-forward, leaves a replica that claims the new state,
 // refuses changes to it, and holds it once settled: by the sweep a server
 // runs at start, or first thing in any path that reads or stamps the
-// inode's records (a peer's page read, a recovery's restamp, InodeState).
+// inode's records (a peer's page read, a transfer's first page, a
+// recovery's restamp).
 func TestTransferCrashSwitch(t *testing.T) {
 	for _, stop := range []string{"committed", "deleted", "copied-some"} {
 		t.Run(stop, func(t *testing.T) {
@@ -421,11 +422,11 @@ func TestTransferCrashSwitch(t *testing.T) {
 			cp.reopen(t)
 			// claimed at once, refused changes and restamps until settled
 			want := inodeDigest(t, cp.a, cp.ino)
-			if e, v := must2(cp.b.ReplicaState(cp.ino)); e != 3 || v != want.Version {
+			if e, v := must2(cp.b.State(cp.ino)); e != 3 || v != want.Version {
 				t.Fatalf("b claims %v/%d, want 3/%d", e, v, want.Version)
 			}
-			change := []ReplicaChange{{Ino: cp.ino, Epoch: 3, Version: want.Version + 1}}
-			if err := cp.b.ApplyReplica(change); !errors.Is(err, ErrVersionGap) {
+			change := []Change{{Ino: cp.ino, Epoch: 3, Version: want.Version + 1}}
+			if err := cp.b.Apply(change); !errors.Is(err, ErrVersionGap) {
 				t.Fatalf("change while switching: %v", err)
 			}
 			switch stop {
@@ -436,14 +437,17 @@ func TestTransferCrashSwitch(t *testing.T) {
 				if p.Epoch != 3 || p.Version != want.Version {
 					t.Fatalf("page at %v/%d", p.Epoch, p.Version)
 				}
-			default:
-				must[InodeSnapshot](t)(cp.b.InodeState(cp.ino))
+			default: // a transfer of the same state, from another sender
+				again := transferOf(pages(t, cp.a, cp.ino, MinPageBytes)[0], 22, 3)
+				if !must[bool](t)(cp.b.StagePage(context.Background(), again, 0, nil, false)) {
+					t.Fatal("the state b holds, sent again, not done at once")
+				}
 			}
 			cp.holdsNew(t)
 			if n := staged(t, cp.b); n != 0 {
 				t.Fatalf("%d staging records left", n)
 			}
-			if ok := must[bool](t)(cp.b.RestampInode(cp.ino, 3, want.Version, 4)); !ok {
+			if ok := must[bool](t)(cp.b.Restamp(cp.ino, 3, want.Version, 4)); !ok {
 				t.Fatal("restamp after the switch refused")
 			}
 		})
@@ -485,7 +489,7 @@ func TestTransferFencing(t *testing.T) {
 	cp := newCrashPair(t)
 	ps := cp.stageSome(t, 31, 2)
 	// b learns of epoch 4 (a newer owner restamped its state)
-	if ok := must[bool](t)(cp.b.RestampInode(cp.ino, cp.oldState.Epoch, cp.oldState.Version, 4)); !ok {
+	if ok := must[bool](t)(cp.b.Restamp(cp.ino, cp.oldState.Epoch, cp.oldState.Version, 4)); !ok {
 		t.Fatal("restamp refused")
 	}
 	tr := transferOf(ps[0], 31, 3)

@@ -13,7 +13,7 @@ import (
 // of the value log (the default, 1 KiB), to compare.
 
 func benchStore(b *testing.B, vt int64) *Store {
-	s := openTestStore(b, b.TempDir(), StoreOptions{valueThreshold: vt})
+	s := openTestStore(b, b.TempDir(), Options{valueThreshold: vt})
 	b.Cleanup(func() { s.Close() })
 	return s
 }

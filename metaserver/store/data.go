@@ -413,7 +413,7 @@ func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 // and symlink target. It does nothing to a linked inode. Call it when the last
 // handle of an unlinked file closes, or at once if none is open. A big file
 // takes several transactions; a crash in between leaves an orphan that
-// OpenStore purges.
+// Open purges.
 func (s *Store) Purge(ino ids.Ino) error {
 	var linked bool
 	if err := s.view(func(tx *Tx) error {
@@ -533,7 +533,7 @@ func (s *Store) GetXattr(ino ids.Ino, name string) ([]byte, error) {
 // fails with CodeExists if it exists, XattrReplace with CodeNoData if it
 // does not. An ACL (posixacl.AccessName, DefaultName) must be valid
 // (CodeInvalid), sets the mode with it and is kept as the mode alone if
-// that says as much (store_acl.go); wire.XattrKillSgid, with an access
+// that says as much (acl.go); wire.XattrKillSgid, with an access
 // ACL, clears the setgid bit as well.
 func (s *Store) SetXattr(ino ids.Ino, name string, value []byte, flags uint32, now int64) error {
 	if err := checkXattrName(name); err != nil {

@@ -8,7 +8,7 @@ import (
 
 // The store's format, kept in its 'F' record. A store without one was
 // written before formats existed (format 1: file data in 64 KiB chunks
-// under 'K'); OpenStore converts it in place. Format 2 stored file data in
+// under 'K'); Open converts it in place. Format 2 stored file data in
 // pages as 3 does; 3 added the change count to attribute records, whose
 // older records are read as they are (inodeFormatV1) and rewritten at
 // their inode's next change. A store of a newer format is refused: its

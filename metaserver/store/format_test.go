@@ -54,7 +54,7 @@ func legacyStore(t *testing.T, s *Store, files map[ids.Ino][]byte) {
 // conversion transaction takes.
 func TestStoreFormatUpgrade(t *testing.T) {
 	dir := t.TempDir()
-	s := openTestStore(t, dir, StoreOptions{})
+	s := openTestStore(t, dir, Options{})
 	r := rand.New(rand.NewPCG(1, 2))
 	files := map[ids.Ino][]byte{}
 	for i, size := range []int{1, PageSize + 3, legacyChunkSize, 3*legacyChunkSize + 100, (legacyBatch + 10) * legacyChunkSize} {
@@ -73,7 +73,7 @@ func TestStoreFormatUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s = openTestStore(t, dir, StoreOptions{})
+	s = openTestStore(t, dir, Options{})
 	defer s.Close()
 	for ino, data := range files {
 		if got := must[[]byte](t)(s.Read(ino, 0, len(data)+10)); !bytes.Equal(got, data) {
@@ -90,7 +90,7 @@ func TestStoreFormatUpgrade(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s = openTestStore(t, dir, StoreOptions{})
+	s = openTestStore(t, dir, Options{})
 	for ino, data := range files {
 		if got := must[[]byte](t)(s.Read(ino, 0, len(data))); !bytes.Equal(got, data) {
 			t.Fatalf("%v: %d bytes differ after a second open", ino, len(data))
@@ -102,7 +102,7 @@ func TestStoreFormatUpgrade(t *testing.T) {
 // refused, and left as it was.
 func TestStoreFormatNewer(t *testing.T) {
 	dir := t.TempDir()
-	s := openTestStore(t, dir, StoreOptions{})
+	s := openTestStore(t, dir, Options{})
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o600, 0, 0, 0, 1))
 	must[Attr](t)(s.Write(f.Ino, 0, []byte("kept"), 2))
 	if err := s.kv.update(func(tx kvTxn) error { return tx.set(formatKey, []byte{storeFormat + 1}) }); err != nil {
@@ -111,7 +111,7 @@ func TestStoreFormatNewer(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	_, err := OpenStore(dir, StoreOptions{ServerID: 1, Logger: quiet})
+	_, err := Open(dir, Options{ServerID: 1, Logger: quiet})
 	if err == nil || !strings.Contains(err.Error(), "newer") {
 		t.Fatalf("open of a newer format: %v", err)
 	}
@@ -126,7 +126,7 @@ func TestStoreFormatNewer(t *testing.T) {
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s = openTestStore(t, dir, StoreOptions{})
+	s = openTestStore(t, dir, Options{})
 	defer s.Close()
 	if got := must[[]byte](t)(s.Read(f.Ino, 0, 10)); string(got) != "kept" {
 		t.Fatalf("read %q after a refused open", got)
@@ -138,7 +138,7 @@ func TestStoreFormatNewer(t *testing.T) {
 // Change 0 and take the new form at their inode's next change.
 func TestStoreFormat2(t *testing.T) {
 	dir := t.TempDir()
-	s := openTestStore(t, dir, StoreOptions{})
+	s := openTestStore(t, dir, Options{})
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o600, 0, 0, 0, 1))
 	err := s.kv.update(func(tx kvTxn) error {
 		in := inode{Attr: f}
@@ -156,7 +156,7 @@ func TestStoreFormat2(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s = openTestStore(t, dir, StoreOptions{})
+	s = openTestStore(t, dir, Options{})
 	defer s.Close()
 	if a := must[Attr](t)(s.GetAttr(f.Ino)); a.Change != 0 || a.Mode != reg|0o600 {
 		t.Fatalf("a format 2 record read as %+v", a)

@@ -50,7 +50,7 @@ type kvStore interface {
 }
 
 // errConflict is what kvStore.update returns when it must be retried.
-var errConflict = errors.New("metaserver: transaction conflict")
+var errConflict = errors.New("store: transaction conflict")
 
 // badgerKV is the kvStore over a badger database.
 type badgerKV struct {
@@ -309,7 +309,7 @@ func (tx *Tx) get(key []byte, fn func(val []byte) error) (bool, error) { return 
 
 func (tx *Tx) set(key, val []byte) error {
 	if !tx.write {
-		panic("metaserver: write in a read-only transaction")
+		panic("store: write in a read-only transaction")
 	}
 	if err := tx.kv.set(key, val); err != nil {
 		return err
@@ -322,7 +322,7 @@ func (tx *Tx) set(key, val []byte) error {
 
 func (tx *Tx) del(key []byte) error {
 	if !tx.write {
-		panic("metaserver: delete in a read-only transaction")
+		panic("store: delete in a read-only transaction")
 	}
 	if err := tx.kv.del(key); err != nil {
 		return err
@@ -340,7 +340,7 @@ func (tx *Tx) scan(prefix, start []byte, reverse, values bool, fn func(key, val 
 // Set writes a raw record; for a replication layer applying records.
 func (tx *Tx) Set(key, val []byte) error {
 	if len(key) < 9 {
-		return fmt.Errorf("metaserver: record key %x too short", key)
+		return fmt.Errorf("store: record key %x too short", key)
 	}
 	return tx.set(key, val)
 }
@@ -348,7 +348,7 @@ func (tx *Tx) Set(key, val []byte) error {
 // Delete deletes a raw record.
 func (tx *Tx) Delete(key []byte) error {
 	if len(key) < 9 {
-		return fmt.Errorf("metaserver: record key %x too short", key)
+		return fmt.Errorf("store: record key %x too short", key)
 	}
 	return tx.del(key)
 }

@@ -18,11 +18,11 @@ import (
 
 // Prefaulting badger's value log on tmpfs. Badger writes the value log
 // (file data) through a shared mapping of the file, so the first write to
-// each page faults. Where the hypervisor shadows page tables a fault costs
-// more than the copy: a sequential write spent half the server's CPU in
-// those faults, inside badger's one writer goroutine. A goroutine of ours
-// keeps the pages just ahead of the log's end populated and touched
-// (populate), at half the cost of the faults and off the writer's path.
+// each page faults, inside badger's one writer goroutine; where the
+// hypervisor shadows page tables a fault costs more than the copy. A
+// goroutine of ours keeps the pages just ahead of the log's end populated
+// and touched (populate), which costs less than the faults and is off the
+// writer's path.
 //
 // Badger does not say where its log ends. The prefaulter learns it when it
 // finds a log file (SEEK_HOLE: nothing of the file is populated ahead yet)

@@ -25,7 +25,7 @@ func TestPrefaultValueLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	s := openTestStore(t, dir, StoreOptions{})
+	s := openTestStore(t, dir, Options{})
 	defer s.Close()
 	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
 	const size = 24 << 20
@@ -87,7 +87,7 @@ func TestPrefaultOnlyOnTmpfs(t *testing.T) {
 	if onTmpfs(dir) {
 		t.Skip("the temporary directory is on tmpfs")
 	}
-	s := openTestStore(t, dir, StoreOptions{})
+	s := openTestStore(t, dir, Options{})
 	defer s.Close()
 	if s.pf != nil {
 		t.Fatal("prefaulting a value log on a disk")

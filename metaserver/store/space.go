@@ -79,7 +79,7 @@ const (
 
 // ErrNoSpace: the data directory's file system is too full to open the
 // store safely.
-var ErrNoSpace = errors.New("metaserver: data file system full")
+var ErrNoSpace = errors.New("store: data file system full")
 
 // memtableSize is badger's MemTableSize. Not smaller on a small file
 // system: it caps a transaction (15% of it), and a scattered write of
@@ -171,7 +171,7 @@ type spaceGuard struct {
 	sizes badgerSizes
 	room  int64
 	// statfs reports the bytes free to us and the file system's size
-	// (StoreOptions.statfs for tests).
+	// (Options.Statfs for tests).
 	statfs  func(dir string) (avail, total int64, err error)
 	dirFile *os.File // dir, for fstatfs (nil with a test's statfs)
 

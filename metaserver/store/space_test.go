@@ -15,7 +15,7 @@ import (
 )
 
 // fakeDisk stands for a data directory's file system whose free space
-// the test sets (StoreOptions.Statfs).
+// the test sets (Options.Statfs).
 type fakeDisk struct {
 	mu           sync.Mutex
 	avail, total int64
@@ -54,7 +54,7 @@ func limitOf(g *spaceGuard) int64 {
 func TestSpaceAdmission(t *testing.T) {
 	disk := &fakeDisk{avail: 64 << 20, total: 64 << 20}
 	dir := t.TempDir()
-	s := openTestStore(t, dir, StoreOptions{Statfs: disk.statfs})
+	s := openTestStore(t, dir, Options{Statfs: disk.statfs})
 	defer s.Close()
 	g := s.space
 	if g.sizes != (badgerSizes{vlogFile: 8 << 20, room: 6 << 20, walAhead: 4 << 20}) {
@@ -150,7 +150,7 @@ func TestSpaceAdmission(t *testing.T) {
 func TestSpaceStart(t *testing.T) {
 	disk := &fakeDisk{avail: 64 << 20, total: 64 << 20}
 	dir := t.TempDir()
-	s := openTestStore(t, dir, StoreOptions{Statfs: disk.statfs})
+	s := openTestStore(t, dir, Options{Statfs: disk.statfs})
 	s.space.keepReserve()
 	if s.space.held == 0 {
 		t.Fatal("no reserve file")
@@ -158,19 +158,19 @@ func TestSpaceStart(t *testing.T) {
 	must[any](t)(nil, s.Close())
 
 	disk.set(0)
-	s = openTestStore(t, dir, StoreOptions{Statfs: disk.statfs})
+	s = openTestStore(t, dir, Options{Statfs: disk.statfs})
 	if s.space.held != 0 || allocatedBytes(filepath.Join(dir, reserveFile)) != 0 {
 		t.Fatal("opened on a full file system without giving up the reserve file")
 	}
 	must[any](t)(nil, s.Close())
 
-	_, err := OpenStore(dir, StoreOptions{ServerID: 1, Logger: quiet, Statfs: disk.statfs})
+	_, err := Open(dir, Options{ServerID: 1, Logger: quiet, Statfs: disk.statfs})
 	if !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("opened on a full file system without a reserve: %v, want ErrNoSpace", err)
 	}
 	// and it left the directory usable
 	disk.set(64 << 20)
-	s = openTestStore(t, dir, StoreOptions{Statfs: disk.statfs})
+	s = openTestStore(t, dir, Options{Statfs: disk.statfs})
 	must[any](t)(nil, s.Close())
 }
 
@@ -200,7 +200,7 @@ func TestSpaceSizes(t *testing.T) {
 func TestSpacePreallocatedWAL(t *testing.T) {
 	disk := &fakeDisk{avail: 64 << 20, total: 64 << 20}
 	dir := t.TempDir()
-	s := openTestStore(t, dir, StoreOptions{Statfs: disk.statfs})
+	s := openTestStore(t, dir, Options{Statfs: disk.statfs})
 	next := func() (string, int64) {
 		t.Helper()
 		names, _ := filepath.Glob(filepath.Join(dir, "db", "*.mem"))
@@ -217,7 +217,7 @@ func TestSpacePreallocatedWAL(t *testing.T) {
 		t.Fatalf("next write-ahead log %q holds %d bytes, want %d or more", name, held, s.space.sizes.walAhead)
 	}
 	must[any](t)(nil, s.Close())
-	s = openTestStore(t, dir, StoreOptions{Statfs: disk.statfs})
+	s = openTestStore(t, dir, Options{Statfs: disk.statfs})
 	defer s.Close()
 	name, _ = next()
 	// fill the memtable (values under the value log's threshold stay in it)

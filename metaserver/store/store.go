@@ -127,8 +127,8 @@ type StatFs struct {
 	Bsize, NameLen                      uint32
 }
 
-// StoreOptions configures OpenStore.
-type StoreOptions struct {
+// Options configures Open.
+type Options struct {
 	ServerID ids.ServerID // 1..255: the high byte of the inode numbers it allocates
 	Logger   *slog.Logger
 	InMemory bool // tests: no files, no lock
@@ -138,7 +138,7 @@ type StoreOptions struct {
 	// records it wrote, in order (the replication seam). Values are valid only
 	// during the call. Called on the operation's goroutine.
 	OnCommit func(writes []Write)
-	// Stamp, if set, makes every operation after OpenStore an owner's
+	// Stamp, if set, makes every operation after Open an owner's
 	// change: it is called in the operation's transaction once the
 	// operation wrote its records, before it is admitted and replicated,
 	// and fences and stamps every inode written (replica.Stamp: an error
@@ -174,9 +174,9 @@ type StoreOptions struct {
 	Statfs func(dir string) (avail, total int64, err error)
 }
 
-// ErrDataDirInUse is what OpenStore returns when another process holds the
+// ErrDataDirInUse is what Open returns when another process holds the
 // data directory (errors.Is matches the *DataDirInUseError it returns).
-var ErrDataDirInUse = errors.New("metaserver: data directory in use")
+var ErrDataDirInUse = errors.New("store: data directory in use")
 
 // DataDirInUseError says which process holds a data directory.
 type DataDirInUseError struct {
@@ -198,7 +198,7 @@ func (e *DataDirInUseError) Is(target error) bool { return target == ErrDataDirI
 // and file data. Safe for concurrent use: each operation is one transaction,
 // retried when it conflicts with a concurrent one. For(origin) gives a view
 // of the same store whose changes record the client request they are for
-// (store_done.go).
+// (done.go).
 type Store struct {
 	*storeCore
 	origin Origin
@@ -237,14 +237,14 @@ type storeCore struct {
 	closed  bool
 }
 
-// OpenStore opens (creating) the badger store in DIR/db. It takes an
+// Open opens (creating) the badger store in DIR/db. It takes an
 // exclusive lock on DIR/LOCK (flock), so a second server on the same DIR fails
 // at once with ErrDataDirInUse. It creates the root directory if absent and
 // purges orphans (unlinked inodes left by a crash: nothing is open after a
 // restart).
-func OpenStore(dir string, opts StoreOptions) (*Store, error) {
+func Open(dir string, opts Options) (*Store, error) {
 	if opts.ServerID == 0 {
-		return nil, errors.New("metaserver: server id must be 1..255")
+		return nil, errors.New("store: server id must be 1..255")
 	}
 	log := opts.Logger
 	if log == nil {
@@ -262,7 +262,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		bopts = bopts.WithInMemory(true)
 	} else {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
+			return nil, fmt.Errorf("store: open %s: %w", dir, err)
 		}
 		lock, err := lockDir(dir)
 		if err != nil {
@@ -272,12 +272,12 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		dbDir := filepath.Join(dir, "db")
 		if s.space, err = newSpaceGuard(dir, dbDir, log, opts.Statfs); err != nil {
 			s.unlock()
-			return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
+			return nil, fmt.Errorf("store: open %s: %w", dir, err)
 		}
 		sizes = s.space.sizes
 		if err := s.space.prepareStart(); err != nil {
 			s.unlock()
-			return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
+			return nil, fmt.Errorf("store: open %s: %w", dir, err)
 		}
 		bopts = bopts.WithDir(dbDir).WithValueDir(dbDir)
 	}
@@ -312,7 +312,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	db, err := badger.Open(bopts)
 	if err != nil {
 		s.unlock()
-		return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
+		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
 	s.db = db
 	kv := badgerKV{db: db, threshold: int(bopts.ValueThreshold)}
@@ -333,7 +333,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		s.pf.close()
 		db.Close()
 		s.unlock()
-		return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
+		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
 	s.stamp = opts.Stamp
 	s.repl, s.uncommitted, s.onAlloc = opts.Replicate, opts.Uncommitted, opts.OnAllocIno
@@ -351,7 +351,7 @@ func lockDir(dir string) (*os.File, error) {
 	path := filepath.Join(dir, "LOCK")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("metaserver: open store %s: %w", dir, err)
+		return nil, fmt.Errorf("store: open %s: %w", dir, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		var pid int
@@ -362,7 +362,7 @@ func lockDir(dir string) (*os.File, error) {
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, &DataDirInUseError{Dir: dir, PID: pid}
 		}
-		return nil, fmt.Errorf("metaserver: lock %s: %w", path, err)
+		return nil, fmt.Errorf("store: lock %s: %w", path, err)
 	}
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
@@ -379,7 +379,7 @@ func (s *Store) unlock() {
 	}
 }
 
-func (s *Store) init(opts StoreOptions) error {
+func (s *Store) init(opts Options) error {
 	if err := s.upgradeFormat(); err != nil {
 		return err
 	}

@@ -22,7 +22,7 @@ import (
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func openTestStore(t testing.TB, dir string, opts StoreOptions) *Store {
+func openTestStore(t testing.TB, dir string, opts Options) *Store {
 	t.Helper()
 	if opts.ServerID == 0 {
 		opts.ServerID = 1
@@ -30,7 +30,7 @@ func openTestStore(t testing.TB, dir string, opts StoreOptions) *Store {
 	if opts.Logger == nil {
 		opts.Logger = quiet
 	}
-	s, err := OpenStore(dir, opts)
+	s, err := Open(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func openTestStore(t testing.TB, dir string, opts StoreOptions) *Store {
 
 // newStore opens a real badger store in a temporary directory.
 func newStore(t testing.TB) *Store {
-	s := openTestStore(t, t.TempDir(), StoreOptions{})
+	s := openTestStore(t, t.TempDir(), Options{})
 	t.Cleanup(func() { s.Close() })
 	return s
 }
@@ -101,13 +101,13 @@ func countRecords(t testing.TB, s *Store, prefix byte, ino ids.Ino) int {
 }
 
 func TestStoreRoot(t *testing.T) {
-	s := openTestStore(t, t.TempDir(), StoreOptions{RootUid: 1000, RootGid: 100})
+	s := openTestStore(t, t.TempDir(), Options{RootUid: 1000, RootGid: 100})
 	defer s.Close()
 	a := must[Attr](t)(s.GetAttr(ids.RootIno))
 	if a.Mode != syscall.S_IFDIR|0o755 || a.Nlink != 2 || a.Uid != 1000 || a.Gid != 100 || a.Ino != ids.RootIno {
 		t.Fatalf("root %+v", a)
 	}
-	if _, err := OpenStore(t.TempDir(), StoreOptions{}); err == nil {
+	if _, err := Open(t.TempDir(), Options{}); err == nil {
 		t.Fatal("server id 0 accepted")
 	}
 }
@@ -918,7 +918,7 @@ func TestStoreReadDirStable(t *testing.T) {
 
 func TestStoreRestart(t *testing.T) {
 	dir := t.TempDir()
-	s := openTestStore(t, dir, StoreOptions{})
+	s := openTestStore(t, dir, Options{})
 	d := must[Attr](t)(s.Mkdir(ids.RootIno, "d", 0o700, 1, 2, 1))
 	f := must[Attr](t)(s.Create(d.Ino, "f", reg|0o600, 1, 2, 0, 1))
 	data := bytes.Repeat([]byte("0123456789abcdef"), 20000)
@@ -934,7 +934,7 @@ func TestStoreRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s = openTestStore(t, dir, StoreOptions{})
+	s = openTestStore(t, dir, Options{})
 	defer s.Close()
 	_, err := s.GetAttr(orphan.Ino)
 	wantCode(t, err, wire.CodeNotFound) // purged at open: nothing is open after a restart
@@ -967,8 +967,8 @@ func TestStoreRestart(t *testing.T) {
 
 func TestStoreDataDirLock(t *testing.T) {
 	dir := t.TempDir()
-	s := openTestStore(t, dir, StoreOptions{})
-	_, err := OpenStore(dir, StoreOptions{ServerID: 1, Logger: quiet})
+	s := openTestStore(t, dir, Options{})
+	_, err := Open(dir, Options{ServerID: 1, Logger: quiet})
 	if !errors.Is(err, ErrDataDirInUse) {
 		t.Fatalf("second open: %v", err)
 	}
@@ -986,7 +986,7 @@ func TestStoreDataDirLock(t *testing.T) {
 	}
 
 	s.Close()
-	s2 := openTestStore(t, dir, StoreOptions{}) // released on close
+	s2 := openTestStore(t, dir, Options{}) // released on close
 	s2.Close()
 }
 
@@ -996,7 +996,7 @@ func TestStoreLockHelper(t *testing.T) {
 	if dir == "" {
 		t.Skip("helper process only")
 	}
-	_, err := OpenStore(dir, StoreOptions{ServerID: 1, Logger: quiet})
+	_, err := Open(dir, Options{ServerID: 1, Logger: quiet})
 	fmt.Println(err)
 }
 
@@ -1013,7 +1013,7 @@ func TestStoreWritesReplay(t *testing.T) {
 		}
 		log = append(log, cp)
 	}
-	s := openTestStore(t, "", StoreOptions{InMemory: true, OnCommit: record})
+	s := openTestStore(t, "", Options{InMemory: true, OnCommit: record})
 	defer s.Close()
 	d := must[Attr](t)(s.Mkdir(ids.RootIno, "d", 0o755, 0, 0, 1))
 	e := must[Attr](t)(s.Mkdir(ids.RootIno, "e", 0o755, 0, 0, 1))
@@ -1037,10 +1037,10 @@ func TestStoreWritesReplay(t *testing.T) {
 
 	// replay a whole history into a fresh store
 	log = nil
-	src := openTestStore(t, "", StoreOptions{InMemory: true, OnCommit: record})
+	src := openTestStore(t, "", Options{InMemory: true, OnCommit: record})
 	defer src.Close()
 	runHistory(t, src)
-	dst := openTestStore(t, "", StoreOptions{InMemory: true})
+	dst := openTestStore(t, "", Options{InMemory: true})
 	defer dst.Close()
 	for _, ws := range log {
 		must[any](t)(nil, dst.Apply(ws))
@@ -1166,7 +1166,7 @@ func TestStoreSurvivesKill(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
 
-	s := openTestStore(t, dir, StoreOptions{})
+	s := openTestStore(t, dir, Options{})
 	defer s.Close()
 	a := must[Attr](t)(s.Lookup(ids.RootIno, "killed"))
 	if uint64(a.Ino) != ino || a.Size != 3*PageSize+1 {
@@ -1192,7 +1192,7 @@ func TestStoreKillHelper(t *testing.T) {
 	if dir == "" {
 		t.Skip("helper process only")
 	}
-	s := openTestStore(t, dir, StoreOptions{})
+	s := openTestStore(t, dir, Options{})
 	a := must[Attr](t)(s.Create(ids.RootIno, "killed", reg|0o644, 0, 0, 0, 1))
 	data := killData()
 	must[Attr](t)(s.Write(a.Ino, 0, data[:100], 2))
@@ -1258,7 +1258,7 @@ func TestStoreUnlinkPurges(t *testing.T) {
 // and another server's are refused, and nothing changes.
 func TestStoreCreateAs(t *testing.T) {
 	dir := t.TempDir()
-	s := openTestStore(t, dir, StoreOptions{})
+	s := openTestStore(t, dir, Options{})
 	first, err := s.AllocInos(3)
 	must[any](t)(nil, err)
 	a := must[Attr](t)(s.CreateAs(first+1, ids.RootIno, "f", 0o644, 7, 8, 1234))
@@ -1289,7 +1289,7 @@ func TestStoreCreateAs(t *testing.T) {
 	wantCode(t, err, wire.CodeInvalid)
 	// numbers handed out before a restart are never handed out again
 	must[any](t)(nil, s.Close())
-	s = openTestStore(t, dir, StoreOptions{})
+	s = openTestStore(t, dir, Options{})
 	defer s.Close()
 	after, err := s.AllocInos(1)
 	must[any](t)(nil, err)

@@ -1,4 +1,4 @@
-// Package cluster is the server-to-server layer of a leasefs server: links to
+// Package paxosnode is the server-to-server layer of a leasefs server: links to
 // the other servers (Peers) and the PaxosLease ownership runtime (Node) that
 // drives the pure core of package lease/paxos with a real clock and real
 // QUIC links (DESIGN.md, "Servers, ownership and replication").
@@ -45,4 +45,4 @@
 // frame, so holding N leases costs frames independent of N. A learner's view
 // of another owner (Owner, NotOwnerError) assumes delivery within MaxDelay;
 // Learn entries that waited longer than half of it are dropped.
-package cluster
+package paxosnode

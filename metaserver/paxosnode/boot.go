@@ -1,4 +1,4 @@
-package cluster
+package paxosnode
 
 import (
 	"errors"
@@ -17,7 +17,7 @@ const BootFile = "paxos-boot"
 
 // ErrBootExhausted: the boot counter reached paxos.MaxBoot; ballots could no
 // longer be told apart from an earlier boot's.
-var ErrBootExhausted = errors.New("cluster: boot counter exhausted")
+var ErrBootExhausted = errors.New("paxosnode: boot counter exhausted")
 
 // readBoot returns the boot counter stored in dir, 0 if there is none.
 func readBoot(dir string) (uint16, error) {
@@ -26,12 +26,12 @@ func readBoot(dir string) (uint16, error) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("cluster: read boot counter: %w", err)
+		return 0, fmt.Errorf("paxosnode: read boot counter: %w", err)
 	}
 	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 16)
 	if err != nil {
 		// never start over from zero: ballots of an earlier boot could repeat
-		return 0, fmt.Errorf("cluster: boot counter %s corrupt: %w", filepath.Join(dir, BootFile), err)
+		return 0, fmt.Errorf("paxosnode: boot counter %s corrupt: %w", filepath.Join(dir, BootFile), err)
 	}
 	return uint16(v), nil
 }
@@ -50,12 +50,12 @@ func nextBoot(dir string) (uint16, error) {
 	}
 	boot := cur + 1
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return 0, fmt.Errorf("cluster: boot counter: %w", err)
+		return 0, fmt.Errorf("paxosnode: boot counter: %w", err)
 	}
 	tmp := filepath.Join(dir, BootFile+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
-		return 0, fmt.Errorf("cluster: boot counter: %w", err)
+		return 0, fmt.Errorf("paxosnode: boot counter: %w", err)
 	}
 	_, err = fmt.Fprintf(f, "%d\n", boot)
 	if err == nil {
@@ -72,7 +72,7 @@ func nextBoot(dir string) (uint16, error) {
 	}
 	if err != nil {
 		os.Remove(tmp)
-		return 0, fmt.Errorf("cluster: write boot counter: %w", err)
+		return 0, fmt.Errorf("paxosnode: write boot counter: %w", err)
 	}
 	return boot, nil
 }

@@ -1,4 +1,4 @@
-package cluster
+package paxosnode
 
 import (
 	"context"
@@ -130,7 +130,7 @@ func New(cfg Config) (*Node, error) {
 	now := cfg.Clock.Now()
 	core, err := paxos.New(cfg.paxosConfig(boot), now)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: %w", err)
+		return nil, fmt.Errorf("paxosnode: %w", err)
 	}
 	n := &Node{
 		cfg:       cfg,
@@ -154,7 +154,7 @@ func New(cfg Config) (*Node, error) {
 	n.peers = newPeers(&cfg, boot, n.st)
 	n.timer = time.NewTimer(time.Hour)
 	n.timer.Stop()
-	n.log.Info("cluster: node started", "boot", boot, "peers", len(cfg.Peers),
+	n.log.Info("paxosnode: node started", "boot", boot, "peers", len(cfg.Peers),
 		"lease", cfg.LeaseTime, "quarantine", cfg.Quarantine, "min_epoch", cfg.MinEpoch)
 	n.wg.Add(2)
 	go n.run()
@@ -190,7 +190,7 @@ func (n *Node) Close() error {
 		<-n.loopDone
 		n.peers.close()
 		n.wg.Wait()
-		n.log.Info("cluster: node closed")
+		n.log.Info("paxosnode: node closed")
 	})
 	return nil
 }
@@ -242,7 +242,7 @@ func (n *Node) OnLost(fn func(Loss)) {
 // the new owner recovers the inode by a majority read before serving).
 func (n *Node) Acquire(ctx context.Context, ino ids.Ino) (ids.Epoch, error) {
 	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("cluster: acquire %v: %w", ino, err)
+		return 0, fmt.Errorf("paxosnode: acquire %v: %w", ino, err)
 	}
 	res := make(chan acqResult, 1)
 	err := n.query(func(now clock.Time) {
@@ -294,7 +294,7 @@ func (n *Node) Acquire(ctx context.Context, ino ids.Ino) (ids.Epoch, error) {
 		return r.epoch, r.err // it arrived while we gave up
 	default:
 	}
-	return 0, fmt.Errorf("cluster: acquire %v: %w", ino, ctx.Err())
+	return 0, fmt.Errorf("paxosnode: acquire %v: %w", ino, ctx.Err())
 }
 
 // Owns reports whether this server owns ino now (a fresh clock reading, as
@@ -412,7 +412,7 @@ func (n *Node) HandlePeer(ctx context.Context, req *transport.Request) []byte {
 	f, err := n.checkFrame(req)
 	if err != nil {
 		n.st.badFrames.Add(1)
-		n.log.Warn("cluster: bad peer frame", "client", req.Client, "bytes", len(req.Body), "err", err)
+		n.log.Warn("paxosnode: bad peer frame", "client", req.Client, "bytes", len(req.Body), "err", err)
 		return errReply(err)
 	}
 	n.st.bytesRecv.Add(uint64(len(req.Body)))
@@ -424,7 +424,7 @@ func (n *Node) HandlePeer(ctx context.Context, req *transport.Request) []byte {
 		case n.inbox <- f.msg:
 		default:
 			if d := n.st.recvDropped.Add(1); d&(d-1) == 0 { // 1st, 2nd, 4th, ...
-				n.log.Warn("cluster: PaxosLease inbox full, message dropped", "from", f.msg.From, "dropped", d)
+				n.log.Warn("paxosnode: PaxosLease inbox full, message dropped", "from", f.msg.From, "dropped", d)
 			}
 		}
 		return okReply(nil)
@@ -436,7 +436,7 @@ func (n *Node) HandlePeer(ctx context.Context, req *transport.Request) []byte {
 		}
 		return okReply(h(ctx, f.from, f.body))
 	}
-	panic("cluster: parseFrame returned an unknown frame type")
+	panic("paxosnode: parseFrame returned an unknown frame type")
 }
 
 func (n *Node) checkFrame(req *transport.Request) (frame, error) {
@@ -501,7 +501,7 @@ func (n *Node) run() {
 			// read once for the whole message (audit rule); HandlePeer
 			// checked the addressing, so Step cannot fail
 			if err := n.core.Step(now, m); err != nil {
-				panic(fmt.Sprintf("cluster: step of a checked message: %v", err))
+				panic(fmt.Sprintf("paxosnode: step of a checked message: %v", err))
 			}
 			n.dirty = true
 			if len(n.waiters) > 0 {
@@ -556,11 +556,11 @@ func (n *Node) onEvent(now clock.Time, e paxos.Event) {
 			n.st.held.Add(1)
 		}
 		n.held[e.Ino] = &holding{epoch: e.Epoch, since: now, lastUse: now}
-		n.log.Debug("cluster: acquired", "ino", e.Ino, "epoch", paxos.FormatBallot(e.Epoch))
+		n.log.Debug("paxosnode: acquired", "ino", e.Ino, "epoch", paxos.FormatBallot(e.Epoch))
 	case paxos.Lost:
 		n.st.losses.Add(1)
 		n.drop(e.Ino)
-		n.log.Warn("cluster: ownership lapsed", "ino", e.Ino, "epoch", paxos.FormatBallot(e.Epoch),
+		n.log.Warn("paxosnode: ownership lapsed", "ino", e.Ino, "epoch", paxos.FormatBallot(e.Epoch),
 			"paxos_send_errors", n.st.sendErrors.Load(), "paxos_send_dropped", n.st.sendDropped.Load(),
 			"paxos_recv_dropped", n.st.recvDropped.Load())
 		n.notify(Loss{Ino: e.Ino, Epoch: e.Epoch})
@@ -574,7 +574,7 @@ func (n *Node) onEvent(now clock.Time, e paxos.Event) {
 	case paxos.Released:
 		n.st.releases.Add(1)
 		n.drop(e.Ino)
-		n.log.Debug("cluster: released", "ino", e.Ino, "epoch", paxos.FormatBallot(e.Epoch))
+		n.log.Debug("paxosnode: released", "ino", e.Ino, "epoch", paxos.FormatBallot(e.Epoch))
 	}
 	n.check(now, e.Ino)
 }

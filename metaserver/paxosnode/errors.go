@@ -1,4 +1,4 @@
-package cluster
+package paxosnode
 
 import (
 	"errors"
@@ -12,9 +12,9 @@ var (
 	// ErrQuarantined: the node started less than Config.Quarantine ago and
 	// takes part in no PaxosLease round yet (DESIGN.md: a restarted server
 	// sits out T(1+δ)). Acquire returns a *QuarantineError, which matches it.
-	ErrQuarantined = errors.New("cluster: quarantined after start")
+	ErrQuarantined = errors.New("paxosnode: quarantined after start")
 	// ErrReleased: Release(ino) was called while this Acquire(ino) waited.
-	ErrReleased = errors.New("cluster: released while acquiring")
+	ErrReleased = errors.New("paxosnode: released while acquiring")
 )
 
 // NotOwnerError says that another server owns the inode as far as this
@@ -25,7 +25,7 @@ type NotOwnerError struct {
 }
 
 func (e *NotOwnerError) Error() string {
-	return fmt.Sprintf("cluster: %v is owned by %v", e.Ino, e.Owner)
+	return fmt.Sprintf("paxosnode: %v is owned by %v", e.Ino, e.Owner)
 }
 
 // QuarantineError is Acquire's answer during the start-up quarantine; Left

@@ -1,4 +1,4 @@
-package cluster
+package paxosnode
 
 import (
 	"context"
@@ -29,11 +29,11 @@ const (
 var (
 	// ErrUnknownPeer: the server id is not one of the cluster's other
 	// servers.
-	ErrUnknownPeer = errors.New("cluster: unknown peer")
+	ErrUnknownPeer = errors.New("paxosnode: unknown peer")
 	// ErrNoHandler: the peer has no handler for the call's kind.
-	ErrNoHandler = errors.New("cluster: no handler for call kind")
+	ErrNoHandler = errors.New("paxosnode: no handler for call kind")
 	// ErrClosed: the node is closed.
-	ErrClosed = errors.New("cluster: closed")
+	ErrClosed = errors.New("paxosnode: closed")
 )
 
 // HandlerFunc serves one Call from another server. It is called
@@ -168,7 +168,7 @@ func (p *Peers) Call(ctx context.Context, to ids.ServerID, kind byte, body []byt
 	}
 	f := appendCallFrame(make([]byte, 0, frameHeader+1+len(body)), p.self, to, kind, body)
 	if len(f) > transport.MaxBody {
-		return nil, fmt.Errorf("cluster: call %v kind %d: %w: %d bytes", to, kind, transport.ErrTooLarge, len(f))
+		return nil, fmt.Errorf("paxosnode: call %v kind %d: %w: %d bytes", to, kind, transport.ErrTooLarge, len(f))
 	}
 	h := transport.Header{Client: PeerClientID(p.self), Session: p.callSession, Seq: l.callSeq.Add(1)}
 	p.st.callsSent.Add(1)
@@ -177,11 +177,11 @@ func (p *Peers) Call(ctx context.Context, to ids.ServerID, kind byte, body []byt
 		if errors.Is(err, transport.ErrClosed) {
 			err = fmt.Errorf("%w: %w", ErrClosed, err)
 		}
-		return nil, fmt.Errorf("cluster: call %v kind %d: %w", to, kind, err)
+		return nil, fmt.Errorf("paxosnode: call %v kind %d: %w", to, kind, err)
 	}
 	body, err = parseReply(reply)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: call %v kind %d: %w", to, kind, err)
+		return nil, fmt.Errorf("paxosnode: call %v kind %d: %w", to, kind, err)
 	}
 	return body, nil
 }
@@ -191,7 +191,7 @@ func (p *Peers) sendPaxos(m paxos.Message) {
 	l := p.links[m.To]
 	if l == nil {
 		// the core only addresses configured peers
-		panic(fmt.Sprintf("cluster: paxos message to unknown peer %v", m.To))
+		panic(fmt.Sprintf("paxosnode: paxos message to unknown peer %v", m.To))
 	}
 	l.mu.Lock()
 	if len(l.pending)+len(m.Entries) > maxPendingEntries {
@@ -250,7 +250,7 @@ func (p *Peers) flush(ctx context.Context) error {
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("cluster: flush to %v: %w", l.id, ctx.Err())
+				return fmt.Errorf("paxosnode: flush to %v: %w", l.id, ctx.Err())
 			case <-time.After(time.Millisecond):
 			}
 		}
@@ -287,7 +287,7 @@ func (p *Peers) sendFrame(l *link, f []byte, entries int) {
 	if err != nil {
 		p.st.sendErrors.Add(1)
 		if p.ctx.Err() == nil {
-			p.log.Debug("cluster: paxos send failed", "peer", l.id, "addr", l.addr, "entries", entries, "err", err)
+			p.log.Debug("paxosnode: paxos send failed", "peer", l.id, "addr", l.addr, "entries", entries, "err", err)
 		}
 		return
 	}

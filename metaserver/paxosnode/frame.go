@@ -1,4 +1,4 @@
-package cluster
+package paxosnode
 
 import (
 	"errors"
@@ -46,9 +46,9 @@ const (
 var (
 	// ErrFrame: a peer frame or reply could not be decoded or was not meant
 	// for this server; nothing was changed.
-	ErrFrame = errors.New("cluster: bad peer frame")
+	ErrFrame = errors.New("paxosnode: bad peer frame")
 	// ErrRemote: the peer answered with an error (its text follows).
-	ErrRemote = errors.New("cluster: peer error")
+	ErrRemote = errors.New("paxosnode: peer error")
 )
 
 // Peer client ids: servers call each other with the reserved ClientID

@@ -1,4 +1,4 @@
-package cluster
+package paxosnode
 
 import (
 	"errors"
@@ -14,7 +14,7 @@ import (
 )
 
 // ErrConfig: the configuration is invalid.
-var ErrConfig = errors.New("cluster: invalid config")
+var ErrConfig = errors.New("paxosnode: invalid config")
 
 // Config configures a Node. DefaultConfig fills in DESIGN.md's defaults.
 type Config struct {
