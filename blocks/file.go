@@ -81,9 +81,6 @@ func OpenFileStoreIfSame(dir, id string) (*FileStore, error) {
 // StoreID is the store's random id, fixed when the directory was created.
 func (s *FileStore) StoreID() string { return s.id }
 
-// Dir is the store's directory.
-func (s *FileStore) Dir() string { return s.dir }
-
 func readStoreID(dir string) (string, error) {
 	b, err := os.ReadFile(filepath.Join(dir, storeIDFile))
 	if err != nil {
@@ -164,18 +161,23 @@ func (s *FileStore) Put(ctx context.Context, id ID, data []byte) error {
 	if err != nil {
 		return fmt.Errorf("blocks: put %s: %w", id, err)
 	}
+	var made []string
 	for try := 0; ; try++ {
-		if err = s.mkdirs(id.Ino); err == nil {
+		var m []string
+		m, err = s.mkdirs(id.Ino)
+		made = append(made, m...)
+		if err == nil {
 			err = os.Rename(tmp, s.path(id))
 		}
 		// a Delete of the inode's last block may remove its directory
-		// between our mkdir and rename: make it again.
+		// between our mkdir and rename: make it again. The directories'
+		// syncs wait until after the rename to keep that window short.
 		if err == nil || !errors.Is(err, fs.ErrNotExist) || try == putRetries {
 			break
 		}
 	}
 	if err == nil {
-		err = syncDir(s.inoDir(id.Ino))
+		err = syncDirs(append(made, s.inoDir(id.Ino)))
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -184,27 +186,27 @@ func (s *FileStore) Put(ctx context.Context, id ID, data []byte) error {
 	return nil
 }
 
-// mkdirs makes the inode's directory, and syncs each parent that gained
-// an entry, so that a durable block is never in a directory that is not.
-func (s *FileStore) mkdirs(ino ids.Ino) error {
+// mkdirs makes the inode's directory and returns the parents that gained
+// an entry, which the caller syncs so that a durable block is never in a
+// directory that is not. A directory another process just made, and is
+// syncing, is taken as it is: our sync of it after the rename commits the
+// journal that holds its creation too (ext4, xfs).
+func (s *FileStore) mkdirs(ino ids.Ino) (made []string, err error) {
 	fan := filepath.Join(s.dir, fanout(ino))
 	d := s.inoDir(ino)
 	if _, err := os.Stat(d); err == nil {
-		return nil
+		return nil, nil
 	}
 	for _, step := range [][2]string{{s.dir, fan}, {fan, d}} {
 		err := os.Mkdir(step[1], 0o700)
-		if errors.Is(err, fs.ErrExist) {
-			continue
-		}
-		if err == nil {
-			err = syncDir(step[0])
-		}
-		if err != nil {
-			return err
+		switch {
+		case err == nil:
+			made = append(made, step[0])
+		case !errors.Is(err, fs.ErrExist):
+			return made, err
 		}
 	}
-	return nil
+	return made, nil
 }
 
 // writeTemp writes data to a new file in dir and syncs it; on error it
@@ -226,6 +228,15 @@ func writeTemp(dir string, data []byte) (string, error) {
 		return "", err
 	}
 	return f.Name(), nil
+}
+
+func syncDirs(dirs []string) error {
+	for _, d := range dirs {
+		if err := syncDir(d); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func syncDir(dir string) error {

@@ -245,3 +245,47 @@ func TestFileStoreModes(t *testing.T) {
 		}
 	}
 }
+
+// TestFileStorePutDeleteRace: Deletes that empty an inode's directory, and
+// so remove it, race with Puts to the same inode; every Put must succeed
+// and its block be there.
+func TestFileStorePutDeleteRace(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t)
+	done, stop := make(chan struct{}), make(chan struct{})
+	defer func() { close(stop); <-done }()
+	go func() {
+		defer close(done)
+		for range 300 {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			id := NewID(3)
+			if err := s.Put(ctx, id, []byte("short-lived")); err != nil {
+				t.Error(err)
+				return
+			}
+			s.Delete(ctx, id)
+		}
+	}()
+	for i := 0; ; i++ {
+		select {
+		case <-done:
+			if i < 10 {
+				t.Logf("only %d Puts raced", i)
+			}
+			return
+		default:
+		}
+		id := NewID(3)
+		if err := s.Put(ctx, id, []byte("kept")); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := s.ReadAt(ctx, id, make([]byte, 4), 0); n != 4 || err != nil {
+			t.Fatalf("block just put: %d, %v", n, err)
+		}
+		s.Delete(ctx, id)
+	}
+}

@@ -43,9 +43,9 @@ func Handler(store Store, signer *Signer) http.Handler {
 }
 
 // NewHTTPServer returns a server for h that speaks HTTP/2 and HTTP/1.1
-// over TLS with cert, with flow-control windows that let one stream move
-// a whole block without waiting for window updates. Serve it with
-// ServeTLS(ln, "", "").
+// over TLS with cert, with flow-control windows that let one stream send
+// a whole block without waiting for window updates (net/http's are 1 MiB).
+// Serve it with ServeTLS(ln, "", "").
 func NewHTTPServer(h http.Handler, cert tls.Certificate) *http.Server {
 	return &http.Server{
 		Handler:           h,
@@ -55,7 +55,7 @@ func NewHTTPServer(h http.Handler, cert tls.Certificate) *http.Server {
 		MaxHeaderBytes:    16 << 10,
 		HTTP2: &http.HTTP2Config{
 			MaxReceiveBufferPerStream:     MaxBlock,
-			MaxReceiveBufferPerConnection: 4*MaxBlock - 1,
+			MaxReceiveBufferPerConnection: 4 * MaxBlock,
 			MaxReadFrameSize:              1 << 20,
 		},
 	}

@@ -44,11 +44,9 @@ func NewRemoteStore(baseURL string, certHash [32]byte, caps CapabilityFunc) *Rem
 		MaxIdleConnsPerHost: 8,
 		IdleConnTimeout:     time.Minute,
 		TLSHandshakeTimeout: 10 * time.Second,
-		HTTP2: &http.HTTP2Config{
-			MaxReceiveBufferPerStream:     MaxBlock,
-			MaxReceiveBufferPerConnection: 4*MaxBlock - 1,
-			MaxReadFrameSize:              1 << 20,
-		},
+		// the default windows (4 MiB a stream, 1 GiB the connection)
+		// already take a whole block; bigger frames mean fewer of them.
+		HTTP2: &http.HTTP2Config{MaxReadFrameSize: 1 << 20},
 	}
 	return &RemoteStore{base: strings.TrimRight(baseURL, "/") + pathPrefix, caps: caps, client: &http.Client{Transport: tr}}
 }
