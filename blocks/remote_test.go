@@ -90,10 +90,21 @@ func (bs *blockServer) remote(t testing.TB) *RemoteStore {
 	return r
 }
 
+// remoteH2 is a RemoteStore that speaks HTTP/2.
+func (bs *blockServer) remoteH2(t testing.TB) *RemoteStore {
+	r := newRemoteStore(bs.url, bs.ident.CertHash(), bs.caps, true)
+	t.Cleanup(r.Close)
+	return r
+}
+
 func TestRemoteRoundTrip(t *testing.T) {
-	ctx := context.Background()
 	bs := startServer(t)
-	r := bs.remote(t)
+	t.Run("http1", func(t *testing.T) { testRoundTrip(t, bs, bs.remote(t), 1) })
+	t.Run("http2", func(t *testing.T) { testRoundTrip(t, bs, bs.remoteH2(t), 2) })
+}
+
+func testRoundTrip(t *testing.T, bs *blockServer, r *RemoteStore, proto int) {
+	ctx := context.Background()
 	data := randBytes(MaxBlock-777, 5)
 	id := NewID(11)
 	if err := r.Put(ctx, id, data); err != nil {
@@ -142,14 +153,13 @@ func TestRemoteRoundTrip(t *testing.T) {
 	if err := r.List(ctx, AllInodes, nil); !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatalf("remote List: %v", err)
 	}
-	// HTTP/2 it is
 	resp, err := r.client.Get(bs.url + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.ProtoMajor != 2 {
-		t.Fatalf("protocol %s, want HTTP/2", resp.Proto)
+	if resp.ProtoMajor != proto {
+		t.Fatalf("protocol %s, want HTTP/%d", resp.Proto, proto)
 	}
 }
 
@@ -300,9 +310,13 @@ func shortPUT(t *testing.T, bs *blockServer, id ID, capability string) string {
 }
 
 func TestRemoteParallelReads(t *testing.T) {
-	ctx := context.Background()
 	bs := startServer(t)
-	r := bs.remote(t)
+	t.Run("http1", func(t *testing.T) { testParallelReads(t, bs.remote(t)) })
+	t.Run("http2", func(t *testing.T) { testParallelReads(t, bs.remoteH2(t)) })
+}
+
+func testParallelReads(t *testing.T, r *RemoteStore) {
+	ctx := context.Background()
 	const blocks = 6
 	var idsList []ID
 	var datas [][]byte
