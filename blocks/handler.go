@@ -17,6 +17,10 @@ import (
 // MaxBlock buffer: 32 is 128 MiB.
 const maxInFlight = 32
 
+// blockTimeout bounds the time to receive or send one block (4 MiB in a
+// minute is 70 kB/s).
+const blockTimeout = time.Minute
+
 // pathPrefix is where the handler serves blocks: PREFIX<id>.
 const pathPrefix = "/blocks/"
 
@@ -78,21 +82,27 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request, op Op) (id ID, b
 	case <-r.Context().Done():
 		return id, nil, nil, false
 	}
+	// a slot is held no longer than a block takes at a crawl, so that
+	// stalled clients cannot take them all (net/http clears the
+	// deadlines of a kept-alive connection for its next request)
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(blockTimeout))
+	rc.SetWriteDeadline(time.Now().Add(blockTimeout))
 	b := h.bufs.Get().(*[]byte)
 	return id, *b, func() { h.bufs.Put(b); <-h.slots }, true
 }
 
 func (h *handler) get(w http.ResponseWriter, r *http.Request) {
-	off, n, ranged, err := parseRange(r.Header.Get("Range"))
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusRequestedRangeNotSatisfiable)
-		return
-	}
 	id, buf, done, ok := h.admit(w, r, OpRead)
 	if !ok {
 		return
 	}
 	defer done()
+	off, n, ranged, err := parseRange(r.Header.Get("Range"))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusRequestedRangeNotSatisfiable)
+		return
+	}
 	buf = buf[:n]
 	got, err := h.store.ReadAt(r.Context(), id, buf, off)
 	switch {
@@ -138,6 +148,11 @@ func parseRange(s string) (off, n int64, ranged bool, err error) {
 }
 
 func (h *handler) put(w http.ResponseWriter, r *http.Request) {
+	id, buf, done, ok := h.admit(w, r, OpWrite)
+	if !ok {
+		return
+	}
+	defer done()
 	switch {
 	case r.ContentLength < 0:
 		http.Error(w, "blocks: put without Content-Length", http.StatusLengthRequired)
@@ -146,11 +161,6 @@ func (h *handler) put(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, ErrTooBig.Error(), http.StatusRequestEntityTooLarge)
 		return
 	}
-	id, buf, done, ok := h.admit(w, r, OpWrite)
-	if !ok {
-		return
-	}
-	defer done()
 	data := buf[:r.ContentLength]
 	if _, err := io.ReadFull(r.Body, data); err != nil {
 		http.Error(w, "blocks: body shorter than Content-Length", http.StatusBadRequest)

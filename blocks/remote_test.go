@@ -267,6 +267,9 @@ func TestRemoteBodies(t *testing.T) {
 			t.Errorf("GET Range %s: %d", rg, got)
 		}
 	}
+	if got := do("GET", nil, 0, "Range", "bytes=5-1"); got != 403 {
+		t.Errorf("GET with a bad range and no capability: %d", got)
+	}
 	if got := do("DELETE", nil, 0, CapabilityHeader, capW); got != 405 {
 		t.Errorf("DELETE: %d", got)
 	}
