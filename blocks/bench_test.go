@@ -112,6 +112,7 @@ func BenchmarkBaselineWriteFile(b *testing.B) {
 	dir := b.TempDir()
 	data := randBytes(benchBlock, 1)
 	b.SetBytes(benchBlock)
+	defer reportCPU(b)()
 	i := 0
 	for b.Loop() {
 		f, err := os.OpenFile(filepath.Join(dir, fmt.Sprint(i)), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
@@ -147,6 +148,7 @@ func BenchmarkBaselineReadAt(b *testing.B) {
 	}
 	p := make([]byte, benchBlock)
 	b.SetBytes(benchBlock)
+	defer reportCPU(b)()
 	i := 0
 	for b.Loop() {
 		if _, err := files[i%len(files)].ReadAt(p, 0); err != nil {
