@@ -14,15 +14,15 @@ import (
 
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/internal/pagemem"
+	"github.com/leasefs/leasefs/locks/lockclient"
 	"github.com/leasefs/leasefs/wire"
 )
 
 type entry struct {
 	mode wire.LockMode
-	seq  uint64
-	// revokedBelow voids every grant with a smaller sequence number: a
-	// grant overtaken by its revocation must not resurrect the lock.
-	revokedBelow uint64
+	// seqs orders the lock's grants and revocations: a grant overtaken
+	// by its revocation must not resurrect the lock.
+	seqs lockclient.Inode
 	// attr is the newest attributes a reply gave (with this mount's
 	// predictions of its changes sent behind, Predict); Attr gives local
 	// over it. change is the greatest Change a reply showed, cached or
@@ -52,6 +52,9 @@ type entry struct {
 	// during which it opens nothing locally.
 	opens, removing int
 }
+
+// rules are production's sequence-number rules: none switched off.
+var rules lockclient.Rules
 
 // Cache holds what the client may serve without asking the server.
 type Cache struct {
@@ -121,12 +124,12 @@ func (c *Cache) get(ino ids.Ino) *entry {
 // revocation already overtook.
 func (c *Cache) Granted(g wire.Grant) bool {
 	e := c.get(g.Ino)
-	if g.Seq < e.revokedBelow {
+	accept, newest := rules.Granted(&e.seqs, g.Seq)
+	if !accept {
 		return false
 	}
-	if g.Seq >= e.seq { // the newest grant says what the server believes we hold
+	if newest { // the newest grant says what the server believes we hold
 		c.setMode(e, g.Mode)
-		e.seq = g.Seq
 	}
 	c.evictIfFull(g.Ino)
 	return true
@@ -174,7 +177,7 @@ func (c *Cache) evictIfFull(keep ids.Ino) {
 			}
 			evicted = true
 			if e.mode != wire.LockNone {
-				c.evicted = append(c.evicted, wire.Grant{Ino: ino, Mode: e.mode, Seq: e.seq})
+				c.evicted = append(c.evicted, wire.Grant{Ino: ino, Mode: e.mode, Seq: e.seqs.Grant()})
 			}
 			c.setMode(e, wire.LockNone)
 			c.dropNames(e)
@@ -193,11 +196,11 @@ func (c *Cache) TakeEvicted() []wire.Grant {
 }
 
 // Revoke applies a revocation down to mode `to` with sequence number seq.
-// It reports whether the inode held a lock that this revocation lowered.
+// It reports whether the inode held a lock that this revocation lowered:
+// not if a newer grant overtook it.
 func (c *Cache) Revoke(ino ids.Ino, to wire.LockMode, seq uint64) bool {
 	e := c.get(ino)
-	e.revokedBelow = max(e.revokedBelow, seq)
-	if e.mode <= to {
+	if !rules.Revoked(&e.seqs, seq) || e.mode <= to {
 		return false
 	}
 	if to == wire.LockNone {
@@ -287,7 +290,7 @@ func (c *Cache) EndRemove(ino ids.Ino) {
 // Mode returns the lock the client holds on ino.
 func (c *Cache) Mode(ino ids.Ino) (wire.LockMode, uint64) {
 	if e := c.inodes[ino]; e != nil {
-		return e.mode, e.seq
+		return e.mode, e.seqs.Grant()
 	}
 	return wire.LockNone, 0
 }
@@ -407,7 +410,7 @@ func (c *Cache) Locks() []wire.Grant {
 	var out []wire.Grant
 	for ino, e := range c.inodes {
 		if e.mode != wire.LockNone {
-			out = append(out, wire.Grant{Ino: ino, Mode: e.mode, Seq: e.seq})
+			out = append(out, wire.Grant{Ino: ino, Mode: e.mode, Seq: e.seqs.Grant()})
 		}
 	}
 	return out

@@ -1,0 +1,11 @@
+package lockserver
+
+import (
+	"testing"
+
+	"github.com/leasefs/leasefs/internal/purity"
+)
+
+// TestPure keeps this protocol core pure (STYLE.md): no wall clock,
+// sleeping, goroutines, channels, locks, global randomness or I/O.
+func TestPure(t *testing.T) { purity.Check(t, purity.Options{}) }
