@@ -8,6 +8,7 @@ import (
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/lease"
 	"github.com/leasefs/leasefs/locks"
+	"github.com/leasefs/leasefs/locks/lockclient"
 )
 
 type outReq struct {
@@ -33,8 +34,8 @@ type client struct {
 	opening  bool
 	openAt   clock.Time // next OpenSession attempt (backoff after a NACK)
 	believed map[ids.Ino]locks.Mode
-	seqSeen  map[ids.Ino]uint64 // highest grant or revoke number seen
-	grantSeq map[ids.Ino]uint64 // number of the grant last accepted
+	seqs     map[ids.Ino]*lockclient.Inode // production's sequence-number rules
+	rules    lockclient.Rules
 	out      map[uint64]*outReq
 	busy     map[ids.Ino]bool // one lock operation per inode at a time
 	hold     map[ids.Ino]clock.Time
@@ -53,11 +54,21 @@ type client struct {
 
 func newClient(w *world, node int, clk nodeClock) *client {
 	return &client{w: w, node: node, id: ids.ClientID(node), clk: clk, lease: lease.NewClient(w.cfg.Lease),
-		believed: map[ids.Ino]locks.Mode{}, seqSeen: map[ids.Ino]uint64{}, grantSeq: map[ids.Ino]uint64{}, out: map[uint64]*outReq{},
-		busy: map[ids.Ino]bool{}, hold: map[ids.Ino]clock.Time{}, lastGrant: -1}
+		believed: map[ids.Ino]locks.Mode{}, seqs: map[ids.Ino]*lockclient.Inode{}, out: map[uint64]*outReq{},
+		rules: lockclient.Rules{Unsafe: lockclient.Unsafe{IgnoreSeq: w.cfg.Broken.IgnoreSeq}},
+		busy:  map[ids.Ino]bool{}, hold: map[ids.Ino]clock.Time{}, lastGrant: -1}
 }
 
 func (c *client) now() clock.Time { return c.clk.local(c.w.now) }
+
+func (c *client) seq(ino ids.Ino) *lockclient.Inode {
+	in := c.seqs[ino]
+	if in == nil {
+		in = &lockclient.Inode{}
+		c.seqs[ino] = in
+	}
+	return in
+}
 
 // believes is what the client would act on now: a lock it was granted,
 // trusted only while its lease is valid on its own clock.
@@ -98,13 +109,8 @@ func (c *client) receive(m *msg) {
 		if m.session != c.session {
 			return
 		}
-		c.seqSeen[m.ino] = max(c.seqSeen[m.ino], m.seq)
-		// A revocation applies to grants numbered below it; one
-		// overtaken by a newer grant (a duplicate, a late copy) is
-		// acknowledged with its own number, which the server finds
-		// stale, and changes nothing here.
-		ignoreSeq := c.w.cfg.Broken.IgnoreSeq
-		if (m.seq > c.grantSeq[m.ino] || ignoreSeq) && c.believed[m.ino] > m.mode {
+		in := c.seq(m.ino)
+		if c.rules.Revoked(in, m.seq) && c.believed[m.ino] > m.mode {
 			// Flush and drop caches, then acknowledge.
 			if m.mode == locks.None {
 				delete(c.believed, m.ino)
@@ -112,10 +118,7 @@ func (c *client) receive(m *msg) {
 				c.believed[m.ino] = m.mode
 			}
 		}
-		ack := m.seq
-		if ignoreSeq {
-			ack = c.seqSeen[m.ino]
-		}
+		ack := c.rules.Ack(in, m.seq)
 		c.w.send(c.node, 0, &msg{kind: mCallbackAck, client: c.id, session: c.session, ino: m.ino, mode: m.mode, seq: ack})
 	case mReply:
 		o := c.out[m.req]
@@ -148,11 +151,9 @@ func (c *client) receive(m *msg) {
 }
 
 func (c *client) granted(m *msg, now clock.Time) {
-	if m.seq < c.seqSeen[m.ino] && !c.w.cfg.Broken.IgnoreSeq {
-		return // a revocation with a later number already applies to it
+	if _, newest := c.rules.Granted(c.seq(m.ino), m.seq); !newest {
+		return // a revocation or a grant with a later number already applies
 	}
-	c.seqSeen[m.ino] = m.seq
-	c.grantSeq[m.ino] = m.seq
 	if m.mode > c.believed[m.ino] {
 		c.believed[m.ino] = m.mode
 	}
@@ -189,8 +190,7 @@ func (c *client) nacked(now clock.Time) {
 func (c *client) opened(m *msg, now clock.Time) {
 	c.opening = false
 	c.session = m.session
-	c.seqSeen = map[ids.Ino]uint64{} // a new incarnation numbers afresh
-	c.grantSeq = map[ids.Ino]uint64{}
+	c.seqs = map[ids.Ino]*lockclient.Inode{} // a new incarnation numbers afresh
 	if m.grace && now.Before(c.reclaimUntil) {
 		inos := make([]ids.Ino, 0, len(c.reclaim))
 		for ino := range c.reclaim {
@@ -267,7 +267,7 @@ func (c *client) work(now clock.Time) {
 		delete(c.hold, ino)
 		if c.believed[ino] != locks.None {
 			delete(c.believed, ino) // drop before telling the server
-			c.send(mRelease, ino, locks.None, c.grantSeq[ino])
+			c.send(mRelease, ino, locks.None, c.seq(ino).Grant())
 		}
 	}
 	if !now.Before(c.nextWork) {

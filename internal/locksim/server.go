@@ -2,12 +2,11 @@ package locksim
 
 import (
 	"errors"
-	"slices"
 
 	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
-	"github.com/leasefs/leasefs/lease"
 	"github.com/leasefs/leasefs/locks"
+	"github.com/leasefs/leasefs/locks/lockserver"
 )
 
 type session struct {
@@ -20,56 +19,51 @@ type cached struct {
 	reply *msg
 }
 
-type callback struct {
-	to               locks.Mode
-	seq              uint64
-	resendAt, expire clock.Time
-	resent           bool
-}
-
 type cbKey struct {
 	c   ids.ClientID
 	ino ids.Ino
 }
 
-// server is the simulated server shell around the pure cores: it does what
-// metaserver must do with them.
+// server is the simulated server: sessions and the at-most-once reply
+// cache (the transport's part) around the production lock server core.
 type server struct {
 	w           *world
 	clk         nodeClock
 	up          bool
 	incarnation uint64
 	nextSession uint64
-	cfg         lease.Config // the server's view; IgnoreDelta zeroes δ here
-	table       *locks.DataTable
-	failing     *lease.FailingSet
+	core        *lockserver.Server
 	sessions    map[ids.ClientID]session
 	cache       map[ids.ClientID]map[uint64]*cached
 	pending     map[cbKey]uint64 // deferred lock replies: request id
-	callbacks   map[cbKey]*callback
 	wakeAt      int64
 }
 
 func newServer(w *world, clk nodeClock) *server {
-	s := &server{w: w, clk: clk, cfg: w.cfg.Lease}
-	if w.cfg.Broken.IgnoreDelta {
-		s.cfg.Delta = 0
-	}
-	s.reset()
+	s := &server{w: w, clk: clk}
+	s.reset(false)
 	s.up = true
 	return s
 }
 
 // reset wipes everything a crash loses: the server keeps no lock state on
 // disk (DESIGN.md: a restarted server knows no sessions).
-func (s *server) reset() {
+func (s *server) reset(restarted bool) {
 	s.incarnation++
-	s.table = locks.NewDataTable(locks.DataConfig{MaxWaiters: 16})
-	s.failing = lease.NewFailingSet(s.cfg)
+	cfg := s.w.cfg
+	b := cfg.Broken
+	dt := cfg.DeliveryTimeout
+	core, err := lockserver.New(lockserver.Config{Lease: cfg.Lease, DeliveryTimeout: dt, MaxRevokeWait: 15 * cfg.Lease.Tau,
+		Resend: dt / 2, Data: locks.DataConfig{MaxWaiters: 16}, Posix: locks.DefaultPosixConfig(),
+		Unsafe: lockserver.Unsafe{StealWithoutWait: b.StealWithoutWait, NoGrace: b.NoGrace, IgnoreDelta: b.IgnoreDelta}},
+		s.now(), restarted)
+	if err != nil {
+		panic(err)
+	}
+	s.core = core
 	s.sessions = map[ids.ClientID]session{}
 	s.cache = map[ids.ClientID]map[uint64]*cached{}
 	s.pending = map[cbKey]uint64{}
-	s.callbacks = map[cbKey]*callback{}
 }
 
 func (s *server) now() clock.Time { return s.clk.local(s.w.now) }
@@ -77,16 +71,11 @@ func (s *server) now() clock.Time { return s.clk.local(s.w.now) }
 func (s *server) crash() {
 	s.w.tracef("server crash")
 	s.up = false
-	s.reset()
 }
 
 func (s *server) restart() {
 	s.up = true
-	now := s.now()
-	if !s.w.cfg.Broken.NoGrace {
-		g := lease.NewGrace(s.cfg, now)
-		s.table.SetGrace(g.Until())
-	}
+	s.reset(true)
 	s.w.tracef("server restart, incarnation %d", s.incarnation)
 	s.schedule()
 }
@@ -110,14 +99,20 @@ func (s *server) receive(m *msg) {
 	if !s.up {
 		return
 	}
+	defer s.ready()
 	now := s.now()
 	c := m.client
 	if m.kind == mCallbackAck {
-		s.callbackAck(m, now)
+		if sess, ok := s.sessions[c]; ok && sess.id == m.session {
+			err := s.core.Acked(now, c, m.ino, m.mode, m.seq)
+			if err != nil && !errors.Is(err, locks.ErrNotHeld) && !errors.Is(err, locks.ErrStale) {
+				s.w.fail("server: release on callback ack: %v", err)
+			}
+		}
 		return
 	}
 	// Nothing but a NACK for a client being timed out (Burns et al.).
-	if s.failing.Failing(c, now) {
+	if s.core.Failing(c) {
 		s.reply(m, msg{nack: true})
 		return
 	}
@@ -129,6 +124,9 @@ func (s *server) receive(m *msg) {
 		s.reply(m, msg{nack: true})
 		return
 	}
+	if m.ino != 0 {
+		s.core.Progress(now, c, m.ino)
+	}
 	if e := s.cache[c][m.req]; e != nil {
 		if e.done { // a retransmission or duplicate: at most once
 			cp := *e.reply
@@ -139,19 +137,16 @@ func (s *server) receive(m *msg) {
 	s.cache[c][m.req] = &cached{}
 	switch m.kind {
 	case mLock:
-		out, err := s.table.Request(c, m.ino, m.mode)
-		if err != nil {
-			s.reply(m, msg{err: true})
-			return
-		}
 		s.pending[cbKey{c, m.ino}] = m.req
-		s.apply(out, now)
+		if _, err := s.core.Request(now, c, m.ino, m.mode); err != nil {
+			delete(s.pending, cbKey{c, m.ino})
+			s.reply(m, msg{err: true})
+		}
 	case mRelease:
-		out, _ := s.table.Release(c, m.ino, m.mode, m.seq)
+		_ = s.core.Release(now, c, m.ino, m.mode, m.seq)
 		s.reply(m, msg{})
-		s.apply(out, now)
 	case mReclaim:
-		g, err := s.table.Reclaim(c, m.ino, m.mode)
+		g, err := s.core.Reclaim(now, c, m.ino, m.mode)
 		if err != nil {
 			s.reply(m, msg{err: true})
 			return
@@ -161,7 +156,6 @@ func (s *server) receive(m *msg) {
 	case mRenew:
 		s.reply(m, msg{})
 	}
-	s.schedule()
 }
 
 func (s *server) open(m *msg, now clock.Time) {
@@ -179,22 +173,22 @@ func (s *server) open(m *msg, now clock.Time) {
 		}
 		// The client only opens a session after a NACK, having dropped
 		// every lock of the old one.
-		s.forget(c, now)
+		if s.core.Forget(now, c) == nil {
+			s.forget(c)
+		}
 	}
 	s.nextSession++
 	id := ids.SessionID(s.incarnation<<32 | s.nextSession)
 	s.sessions[c] = session{id: id, openReq: m.req}
 	s.cache[c] = map[uint64]*cached{}
-	_, grace := s.table.InGrace()
+	_, grace := s.core.InGrace()
 	s.reply(m, msg{session: id, grace: grace})
-	s.schedule()
 }
 
-// forget steals c's locks and drops its session.
-func (s *server) forget(c ids.ClientID, now clock.Time) {
+// forget drops c's session, whose locks the core stole.
+func (s *server) forget(c ids.ClientID) {
 	s.w.stats.Steals++
 	s.w.tracef("server steals locks of client %d", c)
-	out := s.table.Steal(c)
 	delete(s.sessions, c)
 	delete(s.cache, c)
 	for k := range s.pending {
@@ -202,37 +196,19 @@ func (s *server) forget(c ids.ClientID, now clock.Time) {
 			delete(s.pending, k)
 		}
 	}
-	for k := range s.callbacks {
-		if k.c == c {
-			delete(s.callbacks, k)
-		}
-	}
-	s.apply(out, now)
 }
 
-func (s *server) callbackAck(m *msg, now clock.Time) {
-	c := m.client
-	if s.failing.Failing(c, now) {
-		return
+// ready does what the core asks, then arms the timer.
+func (s *server) ready() {
+	rd := s.core.Ready()
+	for _, f := range rd.Failed {
+		s.w.stats.Fails++
+		s.w.tracef("server fails client %d (ino %d: %s)", f.Client, f.Ino, f.Reason)
 	}
-	if sess, ok := s.sessions[c]; !ok || sess.id != m.session {
-		return
+	for _, c := range rd.Stolen {
+		s.forget(c)
 	}
-	k := cbKey{c, m.ino}
-	if cb := s.callbacks[k]; cb != nil && m.seq >= cb.seq {
-		delete(s.callbacks, k)
-	}
-	out, err := s.table.Release(c, m.ino, m.mode, m.seq)
-	if err != nil && !errors.Is(err, locks.ErrNotHeld) && !errors.Is(err, locks.ErrStale) {
-		s.w.fail("server: release on callback ack: %v", err)
-	}
-	s.apply(out, now)
-	s.schedule()
-}
-
-// apply sends the grants and revocations an outcome asks for.
-func (s *server) apply(out locks.Outcome, now clock.Time) {
-	for _, g := range out.Grants {
+	for _, g := range append(rd.Grants, rd.Nacks...) {
 		k := cbKey{g.Client, g.Ino}
 		req, ok := s.pending[k]
 		if !ok {
@@ -244,25 +220,17 @@ func (s *server) apply(out locks.Outcome, now clock.Time) {
 		if m := s.cache[g.Client]; m != nil {
 			m[req] = &cached{done: true, reply: &r}
 		}
-		if s.failing.Failing(g.Client, now) {
+		if s.core.Failing(g.Client) {
 			continue // never an ACK to a client being timed out
 		}
 		cp := r
 		s.w.send(0, int(g.Client), &cp)
 	}
-	for _, rv := range out.Revokes {
-		if s.failing.Failing(rv.Client, now) {
-			continue
-		}
+	for _, rv := range rd.Revokes {
 		s.w.stats.Revokes++
-		dt := s.w.cfg.DeliveryTimeout
-		s.callbacks[cbKey{rv.Client, rv.Ino}] = &callback{to: rv.To, seq: rv.Seq, resendAt: now.Add(dt / 2), expire: now.Add(dt)}
-		s.sendRevoke(rv.Client, rv.Ino, rv.To, rv.Seq)
+		s.w.send(0, int(rv.Client), &msg{kind: mRevoke, client: rv.Client, session: s.sessions[rv.Client].id, ino: rv.Ino, mode: rv.To, seq: rv.Seq})
 	}
-}
-
-func (s *server) sendRevoke(c ids.ClientID, ino ids.Ino, to locks.Mode, seq uint64) {
-	s.w.send(0, int(c), &msg{kind: mRevoke, client: c, session: s.sessions[c].id, ino: ino, mode: to, seq: seq})
+	s.schedule()
 }
 
 func (s *server) wake(rt int64) {
@@ -272,74 +240,16 @@ func (s *server) wake(rt int64) {
 	if !s.up {
 		return
 	}
-	now := s.now()
-	keys := make([]cbKey, 0, len(s.callbacks))
-	for k := range s.callbacks {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b cbKey) int {
-		if a.c != b.c {
-			return int(a.c) - int(b.c)
-		}
-		return int(a.ino) - int(b.ino)
-	})
-	for _, k := range keys {
-		cb := s.callbacks[k]
-		if cb == nil {
-			continue
-		}
-		switch {
-		case !now.Before(cb.expire):
-			// Not acknowledged within the delivery timeout: fail the
-			// client (DESIGN.md "Client leases").
-			delete(s.callbacks, k)
-			s.w.stats.Fails++
-			s.w.tracef("server fails client %d (callback ino %d unacked)", k.c, k.ino)
-			if s.w.cfg.Broken.StealWithoutWait {
-				s.forget(k.c, now)
-				continue
-			}
-			s.failing.Fail(k.c, now)
-			for k2 := range s.callbacks {
-				if k2.c == k.c {
-					delete(s.callbacks, k2)
-				}
-			}
-		case !cb.resent && !now.Before(cb.resendAt):
-			cb.resent = true // the transport's retry
-			s.sendRevoke(k.c, k.ino, cb.to, cb.seq)
-		}
-	}
-	for _, c := range s.failing.Expired(now) {
-		s.forget(c, now)
-	}
-	s.apply(s.table.Tick(now), now)
-	s.schedule()
+	s.core.Tick(s.now())
+	s.ready()
 }
 
-// schedule arms the server's one timer at its cores' next deadline.
+// schedule arms the server's one timer at the core's next deadline.
 func (s *server) schedule() {
 	if !s.up {
 		return
 	}
-	var next clock.Time
-	set := func(t clock.Time) {
-		if next == 0 || t < next {
-			next = t
-		}
-	}
-	for _, cb := range s.callbacks {
-		if !cb.resent {
-			set(cb.resendAt)
-		}
-		set(cb.expire)
-	}
-	if d, ok := s.failing.NextDeadline(); ok {
-		set(d)
-	}
-	if d, ok := s.table.NextDeadline(); ok {
-		set(d)
-	}
+	next := s.core.NextDeadline()
 	if next == 0 {
 		return
 	}

@@ -1,7 +1,10 @@
 // Package locksim is a deterministic, seeded simulator of DESIGN.md's
 // invariant 2 ("at any real time no two clients hold conflicting locks on an
-// inode"). It drives the real cores (lease.Client, lease.FailingSet,
-// locks.DataTable) with one server and several clients over a simulated
+// inode"). It drives production's cores (the lock server lockserver.Server,
+// which metaserver runs, the client's lease.Client and its sequence rules
+// lockclient.Rules, which cache runs) with one server and several clients,
+// adapters that only add sessions, the reply cache, retransmissions and a
+// workload, over a simulated
 // network that loses, duplicates, delays and reorders messages, with client
 // freezes, partitions, server restarts (table wiped, grace period) and clock
 // rates that drift within δ. After every event a checker compares what every
@@ -12,7 +15,9 @@
 // seed, so a failing seed replays exactly (Config.Trace prints the events).
 //
 // Broken variants (Broken) switch off one safety rule each, to test the
-// tester: each must be caught.
+// tester: each must be caught. All but LeaseFromReceive are the cores' own
+// Unsafe switches; that one makes the client pass the wrong start to
+// lease.Client.Acked, the caller's duty.
 package locksim
 
 import (
@@ -32,11 +37,12 @@ import (
 // Broken switches off one safety rule, to check that the checker notices.
 type Broken struct {
 	LeaseFromReceive bool // client starts its lease when the reply arrives
-	StealWithoutWait bool // server steals as soon as a callback times out
-	NoGrace          bool // restarted server grants at once
-	IgnoreDelta      bool // server waits τ instead of τ(1+δ)
-	// IgnoreSeq: the client applies every revocation and grant whatever
-	// its sequence number and acknowledges with the highest number seen.
+	StealWithoutWait bool // lockserver.Unsafe: server steals as soon as a callback times out
+	NoGrace          bool // lockserver.Unsafe: restarted server grants at once
+	IgnoreDelta      bool // lockserver.Unsafe: server waits τ instead of τ(1+δ)
+	// IgnoreSeq (lockclient.Unsafe): the client applies every revocation
+	// and grant whatever its sequence number and acknowledges with the
+	// highest number seen.
 	IgnoreSeq bool
 }
 
