@@ -70,9 +70,9 @@ func (v adminView) Status() admin.Status {
 	st.Sessions = len(s.sessions)
 	s.mu.Unlock()
 	s.lm.mu.Lock()
-	st.Failing = s.lm.failing.Len()
-	st.LockedInodes = len(s.lm.data.All())
-	_, st.InGrace = s.lm.data.InGrace()
+	st.Failing = len(s.lm.core.FailingClients())
+	st.LockedInodes = len(s.lm.core.All())
+	_, st.InGrace = s.lm.core.InGrace()
 	s.lm.mu.Unlock()
 	return st
 }
@@ -101,17 +101,17 @@ func (v adminView) Clients() []admin.ClientInfo {
 	}
 	s.lm.mu.Lock()
 	now := s.lm.clk.Now()
-	for _, c := range s.lm.failing.Clients() {
+	for _, c := range s.lm.core.FailingClients() {
 		ci := byID[c]
 		if ci == nil {
 			ci = &admin.ClientInfo{Client: c.String()}
 			byID[c] = ci
 		}
 		ci.State = "failing"
-		ci.FailingLeft, _ = s.lm.failing.Remaining(c, now)
+		ci.FailingLeft, _ = s.lm.core.FailingLeft(c, now)
 	}
 	for c, ci := range byID {
-		ci.DataLocks = len(s.lm.data.HeldBy(c))
+		ci.DataLocks = len(s.lm.core.HeldBy(c))
 	}
 	s.lm.mu.Unlock()
 	keys := make([]ids.ClientID, 0, len(byID))
@@ -141,7 +141,7 @@ func (v adminView) Locks() []admin.LockInfo {
 	out := []admin.LockInfo{}
 	s.lm.mu.Lock()
 	defer s.lm.mu.Unlock()
-	for _, il := range s.lm.data.All() {
+	for _, il := range s.lm.core.All() {
 		inos = append(inos, il.Ino)
 		for _, h := range il.Holders {
 			li := admin.LockInfo{Ino: il.Ino, Kind: "data", Mode: h.Mode.String(), Client: h.Client.String()}
@@ -156,10 +156,10 @@ func (v adminView) Locks() []admin.LockInfo {
 	}
 	slices.Sort(inos)
 	for _, ino := range slices.Compact(inos) {
-		for _, lk := range s.lm.posix.Locks(ino) {
+		for _, lk := range s.lm.core.PosixLocks(ino) {
 			out = append(out, posixInfo(ino, lk, false))
 		}
-		for _, g := range s.lm.posix.Waiting(ino) {
+		for _, g := range s.lm.core.PosixWaiting(ino) {
 			out = append(out, posixInfo(ino, g.Lock, true))
 		}
 	}
@@ -231,10 +231,10 @@ func (v adminView) Counters() admin.Counters {
 		NacksSent: s.counters.NacksSent.Load(), SessionsOpened: s.counters.SessionsOpened.Load(),
 		Replayed: s.counters.Replayed.Load()}
 	s.lm.mu.Lock()
-	st, fs := s.lm.stats, s.lm.failing.Stats()
+	st, fs, de := s.lm.core.Stats(), s.lm.core.FailingStats(), s.lm.deliveryErrors
 	s.lm.mu.Unlock()
 	c.LocksGranted, c.LocksRevoked, c.LocksStolen = st.Granted, st.Revoked, st.Stolen
-	c.ClientsFailed, c.DeliveryErrors, c.ClientsExpired = st.ClientsFailed, st.DeliveryErrors, int64(fs.Expired)
+	c.ClientsFailed, c.DeliveryErrors, c.ClientsExpired = st.ClientsFailed, de, int64(fs.Expired)
 	return c
 }
 
@@ -250,7 +250,7 @@ func (v adminView) Evict(c ids.ClientID) (admin.EvictResult, error) {
 	}
 	s.lm.fail(c, "evicted by admin")
 	s.lm.mu.Lock()
-	left, _ := s.lm.failing.Remaining(c, s.lm.clk.Now())
+	left, _ := s.lm.core.FailingLeft(c, s.lm.clk.Now())
 	s.lm.mu.Unlock()
 	return admin.EvictResult{Client: c.String(), StealIn: left}, nil
 }

@@ -6,12 +6,12 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/lease"
 	"github.com/leasefs/leasefs/locks"
+	"github.com/leasefs/leasefs/locks/lockserver"
 	"github.com/leasefs/leasefs/metaserver/paxosnode"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -24,125 +24,165 @@ type holdKey struct {
 	ino    ids.Ino
 }
 
-// lockMgr is the I/O shell around the pure lock tables and the failing-client
-// set: it delivers revocations, times clients out and wakes waiters. One
-// mutex serialises every call into the cores.
+// lockMgr is the I/O shell around the lock server core
+// (locks/lockserver): it feeds it requests, acknowledgements and time,
+// and does what it says: wakes waiting requests, delivers revocations,
+// forgets the sessions of clients whose locks were stolen. One mutex
+// serialises every call into the core; one timer of the injected clock is
+// set to its next deadline.
 type lockMgr struct {
 	s   *Server
-	clk clock.Real
+	clk clock.Clock
 
-	mu      sync.Mutex
-	changed *sync.Cond // inflight dropped
-	data    *locks.DataTable
-	posix   *locks.PosixTable
-	failing *lease.FailingSet
-	// waiting requests, woken by grants computed in other goroutines
+	mu    sync.Mutex
+	core  *lockserver.Server
+	timer clock.Timer // set to timerAt, the core's next deadline
+	at    clock.Time
+	// waiting requests, woken by grants computed in other goroutines.
 	// Several requests of one client may wait for the same inode: the
 	// table queues the client once, and its grant wakes them all.
 	waiters map[holdKey][]waiter
 	pwait   map[locks.WaiterID]chan struct{}
-	// inflight counts operations executing under a client's lock on an
-	// inode; a revocation is completed only when they are done, so no
-	// client can be granted a conflicting lock while such an operation
-	// still changes the inode.
-	inflight map[holdKey]int
-	// flushing holds, for each revocation being delivered, when its
-	// client last sent a request about the inode (holdKey → *atomic.Int64,
-	// Unix nanoseconds): the flush a revocation asks for (noteProgress).
-	flushing sync.Map
-	stats    lockStats
-}
-
-// maxRevokeWait bounds how long a client that keeps flushing may take to
-// acknowledge a revocation: its whole dirty budget at a few MB/s.
-const maxRevokeWait = 30 * time.Second
-
-// noteProgress records that client sent a request about ino: if a
-// revocation of its lock on ino is being delivered, the client is
-// flushing for it, and alive.
-func (m *lockMgr) noteProgress(client ids.ClientID, ino ids.Ino) {
-	if ino == 0 {
-		return
-	}
-	if v, ok := m.flushing.Load(holdKey{client, ino}); ok {
-		v.(*atomic.Int64).Store(time.Now().UnixNano())
-	}
-}
-
-// deliveryContext is the context of delivering a revocation to client:
-// it ends when the delivery timeout passed without a request of the
-// client about ino (it acknowledges after flushing what it buffered, and
-// a large flush takes longer than the timeout), or after maxRevokeWait.
-// A client that stopped answering is still failed within the timeout.
-func (m *lockMgr) deliveryContext(client ids.ClientID, ino ids.Ino) (context.Context, context.CancelFunc) {
-	key := holdKey{client, ino}
-	last := new(atomic.Int64)
-	start := time.Now()
-	last.Store(start.UnixNano())
-	if v, loaded := m.flushing.LoadOrStore(key, last); loaded {
-		last = v.(*atomic.Int64) // another revocation of the same lock
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), start.Add(maxRevokeWait))
-	timeout := m.s.cfg.DeliveryTimeout
-	go func() {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			idle := time.Since(time.Unix(0, last.Load()))
-			if idle >= timeout {
-				cancel()
-				return
-			}
-			t.Reset(timeout - idle)
-		}
-	}()
-	return ctx, func() {
-		cancel()
-		m.flushing.CompareAndDelete(key, last)
-	}
-}
-
-type lockStats struct {
-	Granted, Revoked, Stolen, ClientsFailed, DeliveryErrors int64
+	// deliveries: the revocations being delivered to each client, to
+	// stop when it fails or loses its locks
+	deliveries map[ids.ClientID]map[uint64]context.CancelFunc
+	delivery   uint64
+	// revoking mirrors the core's revocations outstanding, so that a
+	// request's progress note costs no lock when there are none
+	revoking       atomic.Int64
+	deliveryErrors int64
 }
 
 // newLockMgr builds the lock shell; restarted says whether the data
 // directory served clients before (only then is there a grace period).
 func newLockMgr(s *Server, restarted bool) *lockMgr {
 	lcfg := lease.Config{Tau: s.cfg.ClientLease, Delta: s.cfg.ClockDrift, RenewMargin: s.cfg.ClientLease / 4}
-	m := &lockMgr{s: s,
-		data:     locks.NewDataTable(locks.DefaultDataConfig()),
-		posix:    locks.NewPosixTable(locks.DefaultPosixConfig()),
-		failing:  lease.NewFailingSet(lcfg),
-		waiters:  map[holdKey][]waiter{},
-		pwait:    map[locks.WaiterID]chan struct{}{},
-		inflight: map[holdKey]int{},
+	cfg := lockserver.DefaultConfig(lcfg, s.cfg.DeliveryTimeout)
+	// a hand-over's pseudo client (package ownership) releases the lock
+	// itself as soon as the hand-over is done
+	cfg.Local = func(c ids.ClientID) bool { _, peer := paxosnode.PeerOf(c); return peer }
+	clk := s.cfg.Clock
+	if clk == nil {
+		clk = clock.Real{}
 	}
-	m.changed = sync.NewCond(&m.mu)
-	// A restarted server grants no lock for τ(1+δ): clients of the previous
-	// incarnation may trust their locks until their leases lapse.
-	if !restarted {
-		return m
+	core, err := lockserver.New(cfg, clk.Now(), restarted)
+	if err != nil {
+		panic(err) // Config.Validate checked the lease and the delivery timeout
 	}
-	grace := lcfg.FailTimeout()
-	m.data.SetGrace(m.clk.Now().Add(grace))
-	time.AfterFunc(grace, func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		m.dispatch(m.data.Tick(m.clk.Now()))
-	})
+	m := &lockMgr{s: s, clk: clk, core: core, waiters: map[holdKey][]waiter{}, pwait: map[locks.WaiterID]chan struct{}{},
+		deliveries: map[ids.ClientID]map[uint64]context.CancelFunc{}}
+	m.mu.Lock()
+	m.unlock()
 	return m
+}
+
+// unlock does what the core asks, sets the timer to its next deadline and
+// releases mu; it logs and forgets sessions after, since the server's
+// mutex comes before mu.
+func (m *lockMgr) unlock() {
+	rd := m.core.Ready()
+	for _, g := range rd.Grants {
+		m.wake(g, false)
+	}
+	for _, g := range rd.Nacks {
+		m.wake(g, true)
+	}
+	for _, r := range rd.Revokes {
+		m.deliver(r)
+	}
+	for _, g := range rd.PosixGrants {
+		if ch := m.pwait[g.Waiter]; ch != nil {
+			delete(m.pwait, g.Waiter)
+			close(ch)
+		}
+	}
+	for _, f := range rd.Failed {
+		m.stopDeliveries(f.Client)
+	}
+	for _, c := range rd.Stolen {
+		m.stopDeliveries(c)
+	}
+	m.revoking.Store(int64(m.core.Revoking()))
+	m.arm()
+	now := m.clk.Now()
+	m.mu.Unlock()
+	for _, f := range rd.Failed {
+		m.s.log.Warn("client failing: NACKing its requests until its lease has surely expired",
+			"client", f.Client, "ino", f.Ino, "reason", f.Reason, "steal_in", f.StealAt.Sub(now))
+	}
+	for _, c := range rd.Stolen {
+		m.s.log.Warn("client timed out: locks stolen, session forgotten", "client", c)
+		m.s.dropSession(c)
+	}
+}
+
+// arm sets the one timer to the core's next deadline. Called with mu held.
+func (m *lockMgr) arm() {
+	next := m.core.NextDeadline()
+	if next == m.at {
+		return
+	}
+	m.at = next
+	if next.IsZero() {
+		if m.timer != nil {
+			m.timer.Stop()
+		}
+		return
+	}
+	d := clock.Until(m.clk, next)
+	if m.timer == nil {
+		m.timer = m.clk.AfterFunc(d, m.tick)
+	} else {
+		m.timer.Reset(d)
+	}
+}
+
+func (m *lockMgr) tick() {
+	m.mu.Lock()
+	m.at = 0 // fired: arm again even for the same deadline
+	m.core.Tick(m.clk.Now())
+	m.unlock()
+}
+
+// wake hands grant g to the waiting requests it covers. Called with mu held.
+func (m *lockMgr) wake(g locks.Grant, nack bool) {
+	key := holdKey{g.Client, g.Ino}
+	// Only waiters that asked for no more than g: a client's read
+	// granted S at once must not wake its own write waiting for X.
+	rest := m.waiters[key][:0]
+	for _, w := range m.waiters[key] {
+		if w.mode > g.Mode {
+			rest = append(rest, w)
+			continue
+		}
+		if !nack {
+			m.core.Begin(g.Client, g.Ino)
+		}
+		w.ch <- woken{g, nack}
+	}
+	if len(rest) == 0 {
+		delete(m.waiters, key)
+	} else {
+		m.waiters[key] = rest
+	}
+}
+
+// noteProgress records that client sent a request about ino: if a
+// revocation of its lock on ino is being delivered, the client is
+// flushing for it, and alive (the core extends the revocation's deadline).
+func (m *lockMgr) noteProgress(client ids.ClientID, ino ids.Ino) {
+	if ino == 0 || m.revoking.Load() == 0 {
+		return
+	}
+	m.mu.Lock()
+	m.core.Progress(m.clk.Now(), client, ino)
+	m.unlock()
 }
 
 func (m *lockMgr) isFailing(c ids.ClientID) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.failing.Failing(c, m.clk.Now())
+	return m.core.Failing(c)
 }
 
 // held is a lock an operation executes under; done must be called after.
@@ -154,132 +194,107 @@ type held struct {
 
 // waiter is one operation waiting for a grant.
 type waiter struct {
-	ch   chan locks.Grant
+	ch   chan woken
 	mode locks.Mode
+}
+
+type woken struct {
+	g    locks.Grant
+	nack bool // granted while the client was being failed
 }
 
 // acquire gets mode on ino for client c, waiting for revocations, and
 // marks an operation in flight under it.
 func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode locks.Mode) (held, error) {
 	key := holdKey{c, ino}
+	ch := make(chan woken, 1)
 	m.mu.Lock()
-	if m.failing.Failing(c, m.clk.Now()) {
-		m.mu.Unlock()
-		return held{}, errNack
-	}
-	fresh := m.data.Mode(c, ino) == locks.None
-	out, err := m.data.Request(c, ino, mode)
+	fresh := m.core.Mode(c, ino) == locks.None
+	m.waiters[key] = append(m.waiters[key], waiter{ch, mode})
+	_, err := m.core.Request(m.clk.Now(), c, ino, mode)
 	if err != nil {
-		m.mu.Unlock()
+		m.dropWaiter(key, ch)
+		m.unlock()
+		if errors.Is(err, lockserver.ErrNack) {
+			return held{}, errNack
+		}
 		// a client's requests can queue past the table's bound in a loop
 		m.s.warns.Warn(m.s.log, c.String(), "lock request refused", "client", c, "ino", ino, "mode", mode, "err", err)
 		return held{}, wire.Errf(wire.CodeAgain, "%v", err)
 	}
-	var ch chan locks.Grant
-	if out.Queued {
-		ch = make(chan locks.Grant, 1)
-		m.waiters[key] = append(m.waiters[key], waiter{ch, mode})
-	}
-	own, ok := m.dispatchFor(out, key)
-	m.mu.Unlock()
-	if ok {
-		return held{key, own, fresh}, nil
-	}
+	m.unlock()
 	select {
-	case g := <-ch:
-		if m.isFailing(c) {
-			// Granted while the client was being failed: it must get a
-			// NACK, never a lock; the steal clears the grant.
-			m.done(held{key: key, grant: g})
+	case w := <-ch:
+		if w.nack {
+			// the steal clears the grant
 			return held{}, errNack
 		}
-		return held{key, g, fresh}, nil
+		return held{key, w.g, fresh}, nil
 	case <-ctx.Done():
 		m.mu.Lock()
-		defer m.mu.Unlock()
 		select {
-		case g := <-ch: // granted while we gave up: undo
-			m.inflight[key]--
-			m.changed.Broadcast()
-			_ = g
+		case w := <-ch: // granted while we gave up: undo
+			if !w.nack {
+				m.core.End(m.clk.Now(), c, ino)
+			}
 		default:
 		}
-		rest := slices.DeleteFunc(m.waiters[key], func(w waiter) bool { return w.ch == ch })
-		if len(rest) > 0 {
-			m.waiters[key] = rest
-			return held{}, ctx.Err()
+		if !m.dropWaiter(key, ch) {
+			_ = m.core.Cancel(m.clk.Now(), c, ino)
 		}
-		delete(m.waiters, key)
-		if out, err := m.data.Cancel(c, ino); err == nil {
-			m.dispatch(out)
-		}
+		m.unlock()
 		return held{}, ctx.Err()
 	}
+}
+
+// dropWaiter removes the waiter on ch and reports whether others of the
+// client still wait for the inode. Called with mu held.
+func (m *lockMgr) dropWaiter(key holdKey, ch chan woken) bool {
+	rest := slices.DeleteFunc(m.waiters[key], func(w waiter) bool { return w.ch == ch })
+	if len(rest) > 0 {
+		m.waiters[key] = rest
+		return true
+	}
+	delete(m.waiters, key)
+	return false
 }
 
 // done ends an operation under h.
 func (m *lockMgr) done(h held) {
 	m.mu.Lock()
-	if m.inflight[h.key]--; m.inflight[h.key] <= 0 {
-		delete(m.inflight, h.key)
-	}
-	m.changed.Broadcast()
-	m.mu.Unlock()
+	m.core.End(m.clk.Now(), h.key.client, h.key.ino)
+	m.unlock()
 }
 
-// dispatch acts on an outcome: wakes granted waiters, sends revocations.
-// Called with mu held.
-func (m *lockMgr) dispatch(out locks.Outcome) { m.dispatchFor(out, holdKey{}) }
-
-// dispatchFor is dispatch that also returns self's own grant, if any,
-// instead of waking a waiter for it.
-func (m *lockMgr) dispatchFor(out locks.Outcome, self holdKey) (locks.Grant, bool) {
-	var own locks.Grant
-	found := false
-	for _, g := range out.Grants {
-		key := holdKey{g.Client, g.Ino}
-		m.stats.Granted++
-		if key == self {
-			own, found = g, true
-			m.inflight[key]++
-		}
-		// Only waiters that asked for no more than g: a client's read
-		// granted S at once must not wake its own write waiting for X.
-		rest := m.waiters[key][:0]
-		for _, w := range m.waiters[key] {
-			if w.mode > g.Mode {
-				rest = append(rest, w)
-				continue
-			}
-			m.inflight[key]++
-			w.ch <- g
-		}
-		if len(rest) == 0 {
-			delete(m.waiters, key)
-		} else {
-			m.waiters[key] = rest
-		}
+// deliver starts delivering one revocation. Called with mu held.
+func (m *lockMgr) deliver(r locks.Revoke) {
+	// The core fails the client when the revocation's deadline passes,
+	// and the delivery stops then; the timeout only ends a delivery the
+	// core no longer waits for (a newer revocation's acknowledgement).
+	ctx, cancel := context.WithTimeout(context.Background(), lockserver.DefaultMaxRevokeWait+m.s.cfg.DeliveryTimeout)
+	m.delivery++
+	id := m.delivery
+	if m.deliveries[r.Client] == nil {
+		m.deliveries[r.Client] = map[uint64]context.CancelFunc{}
 	}
-	for _, r := range out.Revokes {
-		m.stats.Revoked++
-		go m.revoke(r)
-	}
-	return own, found
+	m.deliveries[r.Client][id] = cancel
+	go m.revoke(ctx, id, r)
 }
 
-// revoke delivers one revocation and completes it, or fails the client
-// when its application does not acknowledge in time (Burns et al.: a
-// delivery error starts the server's only lease timer).
-func (m *lockMgr) revoke(r locks.Revoke) {
-	if _, peer := paxosnode.PeerOf(r.Client); peer {
-		// a hand-over's pseudo client (package ownership): it releases
-		// the lock itself as soon as the hand-over is done
-		return
+// stopDeliveries ends the deliveries to c. Called with mu held.
+func (m *lockMgr) stopDeliveries(c ids.ClientID) {
+	for _, cancel := range m.deliveries[c] {
+		cancel()
 	}
-	ctx, cancel := m.deliveryContext(r.Client, r.Ino)
-	defer cancel()
+	delete(m.deliveries, c)
+}
+
+// revoke delivers one revocation and tells the core whether the client
+// acknowledged it (Burns et al.: a delivery error starts the server's
+// only lease timer).
+func (m *lockMgr) revoke(ctx context.Context, id uint64, r locks.Revoke) {
 	cb := (&wire.Callback{Kind: wire.CallbackRevoke, Ino: r.Ino, Mode: wire.LockMode(r.To), Seq: r.Seq}).Append(nil)
-	start := time.Now()
+	start := m.clk.Now()
 	raw, err := m.s.tr.Callback(ctx, r.Client, cb)
 	if err == nil {
 		var rep *wire.Reply
@@ -291,97 +306,52 @@ func (m *lockMgr) revoke(r locks.Revoke) {
 			m.s.openedLocally(r.Client, r.Ino, rep.Opens)
 		}
 	}
-	m.s.observeRevocation(time.Since(start), err == nil)
-	if err != nil {
-		m.s.log.Warn("revocation not acknowledged; failing client", "client", r.Client, "ino", r.Ino, "err", err)
-		m.fail(r.Client, "revocation not acknowledged")
-		return
-	}
+	m.s.observeRevocation(m.clk.Now().Sub(start), err == nil)
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	key := holdKey{r.Client, r.Ino}
-	for m.inflight[key] > 0 {
-		m.changed.Wait()
+	if d := m.deliveries[r.Client]; d != nil {
+		if cancel := d[id]; cancel != nil {
+			cancel()
+			delete(d, id)
+		}
+		if len(d) == 0 {
+			delete(m.deliveries, r.Client)
+		}
 	}
-	out, err := m.data.Release(r.Client, r.Ino, r.To, r.Seq)
-	if err != nil && !errors.Is(err, locks.ErrNotHeld) {
+	now := m.clk.Now()
+	if err != nil {
+		m.deliveryErrors++
+		m.core.Undelivered(now, r.Client, r.Ino, "revocation not acknowledged: "+err.Error())
+	} else if err := m.core.Acked(now, r.Client, r.Ino, r.To, r.Seq); err != nil && !errors.Is(err, locks.ErrNotHeld) {
 		m.s.log.Debug("release after revocation", "client", r.Client, "ino", r.Ino, "err", err)
 	}
-	m.dispatch(out)
+	m.unlock()
 }
 
 // fail starts the one lease timer the server ever runs for a client: it
 // NACKs the client for τ(1+δ), then steals its locks and forgets it.
 func (m *lockMgr) fail(c ids.ClientID, why string) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	now := m.clk.Now()
-	if m.failing.Failing(c, now) {
-		return
-	}
-	m.stats.ClientsFailed++
-	deadline := m.failing.Fail(c, now)
-	m.s.log.Warn("client failing: NACKing its requests until its lease has surely expired",
-		"client", c, "reason", why, "steal_in", deadline.Sub(now))
-	time.AfterFunc(deadline.Sub(now), m.expire)
+	m.core.Fail(m.clk.Now(), c, why)
+	m.unlock()
 }
 
-// expire steals the locks of clients whose failing timer ran out.
-func (m *lockMgr) expire() {
-	m.mu.Lock()
-	expired := m.failing.Expired(m.clk.Now())
-	for _, c := range expired {
-		m.stealLocked(c)
-	}
-	m.mu.Unlock()
-	for _, c := range expired {
-		m.s.log.Warn("client timed out: locks stolen, session forgotten", "client", c)
-		m.s.dropSession(c)
-	}
-}
-
-// stealLocked takes every data and POSIX lock of c. Called with mu held.
-func (m *lockMgr) stealLocked(c ids.ClientID) {
-	out := m.data.Steal(c)
-	m.stats.Stolen += int64(len(out.Grants))
-	for k := range m.inflight {
-		if k.client == c {
-			delete(m.inflight, k)
-		}
-	}
-	m.changed.Broadcast()
-	m.dispatch(out)
-	m.posixGranted(m.posix.Steal(c))
-}
-
-// release drops c's lock on ino (the client evicted it or closed cleanly).
+// release drops c's lock on ino (the client evicted it or closed cleanly),
+// once the operations in flight under it are done.
 func (m *lockMgr) release(c ids.ClientID, ino ids.Ino, to locks.Mode, seq uint64) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	key := holdKey{c, ino}
-	for m.inflight[key] > 0 {
-		m.changed.Wait()
-	}
-	if out, err := m.data.Release(c, ino, to, seq); err == nil {
-		m.dispatch(out)
-	}
+	_ = m.core.Release(m.clk.Now(), c, ino, to, seq)
+	m.unlock()
 }
 
 // forgetClient releases everything of a client that told us it holds
-// nothing (new session after NACK, or goodbye).
+// nothing (new session after NACK, or goodbye). A failing client keeps its
+// locks until their steal.
 func (m *lockMgr) forgetClient(c ids.ClientID) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.stealLocked(c)
-}
-
-func (m *lockMgr) posixGranted(gs []locks.PosixGrant) {
-	for _, g := range gs {
-		if ch := m.pwait[g.Waiter]; ch != nil {
-			delete(m.pwait, g.Waiter)
-			close(ch)
-		}
+	if m.core.Forget(m.clk.Now(), c) == nil {
+		m.stopDeliveries(c)
 	}
+	m.unlock()
 }
 
 // posixLock serves flock and fcntl requests.
@@ -389,16 +359,12 @@ func (m *lockMgr) posixLock(ctx context.Context, c ids.ClientID, ino ids.Ino, r 
 	lk := locks.PosixLock{Owner: locks.Owner{Client: c, Owner: r.Owner}, Pid: r.Pid, Flock: r.Flock,
 		Type: locks.LockType(r.Type), Start: r.Start, End: r.End}
 	m.mu.Lock()
-	if m.failing.Failing(c, m.clk.Now()) {
-		m.mu.Unlock()
-		return nil, errNack
-	}
 	switch {
 	case r.Get:
-		conflict, found, err := m.posix.Get(ino, lk)
-		m.mu.Unlock()
+		conflict, found, err := m.core.PosixGet(c, ino, lk)
+		m.unlock()
 		if err != nil {
-			return nil, wire.Errf(wire.CodeInvalid, "%v", err)
+			return nil, posixErr(err)
 		}
 		if !found {
 			return &wire.PosixLk{Type: uint8(locks.Unlock)}, nil
@@ -406,56 +372,56 @@ func (m *lockMgr) posixLock(ctx context.Context, c ids.ClientID, ino ids.Ino, r 
 		return &wire.PosixLk{Flock: conflict.Flock, Type: uint8(conflict.Type), Start: conflict.Start,
 			End: conflict.End, Pid: conflict.Pid, Owner: conflict.Owner.Owner}, nil
 	case !r.Wait || lk.Type == locks.Unlock:
-		gs, err := m.posix.Set(ino, lk)
-		m.posixGranted(gs)
-		m.mu.Unlock()
-		if errors.Is(err, locks.ErrConflict) {
-			return nil, wire.Errf(wire.CodeAgain, "%v", err)
-		}
+		err := m.core.PosixSet(c, ino, lk)
+		m.unlock()
 		if err != nil {
-			return nil, wire.Errf(wire.CodeInvalid, "%v", err)
+			return nil, posixErr(err)
 		}
 		return &wire.PosixLk{}, nil
 	}
-	id, gs, err := m.posix.SetWait(ino, lk)
-	if err != nil {
-		m.mu.Unlock()
-		if errors.Is(err, locks.ErrDeadlock) {
-			return nil, wire.Errf(wire.CodeDeadlock, "%v", err)
+	id, granted, err := m.core.PosixSetWait(c, ino, lk)
+	if err != nil || granted {
+		m.unlock()
+		if err != nil {
+			return nil, posixErr(err)
 		}
-		return nil, wire.Errf(wire.CodeInvalid, "%v", err)
-	}
-	mine := slices.ContainsFunc(gs, func(g locks.PosixGrant) bool { return g.Waiter == id })
-	var ch chan struct{}
-	if !mine {
-		ch = make(chan struct{})
-		m.pwait[id] = ch
-	}
-	m.posixGranted(gs)
-	m.mu.Unlock()
-	if mine {
 		return &wire.PosixLk{}, nil
 	}
+	ch := make(chan struct{})
+	m.pwait[id] = ch
+	m.unlock()
 	select {
 	case <-ch:
 		return &wire.PosixLk{}, nil
 	case <-ctx.Done():
 		m.mu.Lock()
-		defer m.mu.Unlock()
+		defer m.unlock()
 		select {
 		case <-ch: // granted as we gave up: keep it, the kernel retries or unlocks
 			return &wire.PosixLk{}, nil
 		default:
 		}
 		delete(m.pwait, id)
-		_ = m.posix.Cancel(id)
+		_ = m.core.PosixCancel(id)
 		return nil, wire.Err(wire.CodeInterrupted)
 	}
+}
+
+func posixErr(err error) error {
+	switch {
+	case errors.Is(err, lockserver.ErrNack):
+		return errNack
+	case errors.Is(err, locks.ErrConflict):
+		return wire.Errf(wire.CodeAgain, "%v", err)
+	case errors.Is(err, locks.ErrDeadlock):
+		return wire.Errf(wire.CodeDeadlock, "%v", err)
+	}
+	return wire.Errf(wire.CodeInvalid, "%v", err)
 }
 
 // releaseOwner drops the POSIX locks of one lock owner (file closed).
 func (m *lockMgr) releaseOwner(c ids.ClientID, owner uint64, ino ids.Ino) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.posixGranted(m.posix.ReleaseOwner(c, owner, ino))
+	m.core.PosixReleaseOwner(c, owner, ino)
+	m.unlock()
 }

@@ -15,7 +15,7 @@ var _ ownership.Locks = ownerLocks{}
 
 func (l ownerLocks) Holders(ino ids.Ino) []ids.ClientID {
 	l.m.mu.Lock()
-	hs := l.m.data.Holders(ino)
+	hs := l.m.core.Holders(ino)
 	l.m.mu.Unlock()
 	out := make([]ids.ClientID, len(hs))
 	for i, h := range hs {
@@ -26,7 +26,7 @@ func (l ownerLocks) Holders(ino ids.Ino) []ids.ClientID {
 
 func (l ownerLocks) Held() map[ids.Ino][]ids.ClientID {
 	l.m.mu.Lock()
-	all := l.m.data.All()
+	all := l.m.core.All()
 	l.m.mu.Unlock()
 	out := make(map[ids.Ino][]ids.ClientID, len(all))
 	for _, il := range all {

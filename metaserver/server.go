@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/internal/ratelog"
 	"github.com/leasefs/leasefs/metaserver/admin"
@@ -39,7 +40,9 @@ type Config struct {
 	// beyond it, when no session is silent, is refused as unavailable.
 	MaxSessions int
 	Logger      *slog.Logger
-	Faults      *transport.Faults
+	// Clock is the lock manager's clock; nil is clock.Real.
+	Clock  clock.Clock
+	Faults *transport.Faults
 	// PeerFaults, if set, injects faults on the links to the other servers
 	// only (tests: cut a server off from its peers while its clients still
 	// reach it). While its Cut is on, peer requests are not answered.

@@ -83,7 +83,7 @@ func TestSweepDropsSilentSessions(t *testing.T) {
 		if s.known(silent) {
 			t.Fatal("the silent session was not dropped")
 		}
-		if hs := s.lm.data.Holders(10); len(hs) != 0 {
+		if hs := s.lm.core.Holders(10); len(hs) != 0 {
 			t.Fatalf("the silent client's locks were not stolen: %v", hs)
 		}
 		if !s.known(renewing) || !s.known(busy) {
@@ -213,7 +213,7 @@ func TestOpenSessionOnce(t *testing.T) {
 	if again.Session == nil || again.Session.ID != first.Session.ID {
 		t.Fatalf("a copy of the open made another session: %+v", again.Session)
 	}
-	if hs := s.lm.data.Holders(ids.RootIno); len(hs) != 1 || hs[0].Client != tc.ID() {
+	if hs := s.lm.core.Holders(ids.RootIno); len(hs) != 1 || hs[0].Client != tc.ID() {
 		t.Fatalf("the copy stole the session's locks: %v", hs)
 	}
 	if stale := call(transport.Header{Client: tc.ID(), Seq: 4}, open); stale.Code != wire.CodeInvalid {
@@ -297,7 +297,7 @@ func TestSilentClientRecovers(t *testing.T) {
 	if _, err := c.Open(ctx, a.Ino, syscall.O_RDWR|syscall.O_TRUNC); err != nil {
 		t.Fatal(err)
 	}
-	if len(s.lm.data.HeldBy(c.ID())) == 0 || s.unopened(a.Ino) {
+	if len(s.lm.core.HeldBy(c.ID())) == 0 || s.unopened(a.Ino) {
 		t.Fatal("no lock or open handle to lose")
 	}
 	faults.Cut(true)
@@ -308,7 +308,7 @@ func TestSilentClientRecovers(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if held := s.lm.data.HeldBy(c.ID()); len(held) != 0 {
+	if held := s.lm.core.HeldBy(c.ID()); len(held) != 0 {
 		t.Fatalf("locks left to a swept session: %v", held)
 	}
 	if !s.unopened(a.Ino) {
@@ -341,7 +341,7 @@ func TestNoStateForMadeUpInodes(t *testing.T) {
 	if rep := call(&wire.Request{Op: wire.OpPosixLock, Ino: made, Lk: lk}); rep.Code != wire.CodeNotFound {
 		t.Fatalf("waiting lock on a made-up inode: %v, want not found", rep.Code)
 	}
-	if n := s.lm.posix.Len(); n != 0 {
+	if n := s.lm.core.PosixLen(); n != 0 {
 		t.Fatalf("%d inodes in the POSIX lock table", n)
 	}
 	call(&wire.Request{Op: wire.OpRenew, Ino: made, Opens: 1000})
@@ -359,7 +359,7 @@ func TestNoStateForMadeUpInodes(t *testing.T) {
 		}
 	}
 	s.lm.mu.Lock()
-	held := s.lm.data.Holders(made)
+	held := s.lm.core.Holders(made)
 	s.lm.mu.Unlock()
 	if len(held) != 0 {
 		t.Fatalf("data locks on a made-up inode: %v", held)

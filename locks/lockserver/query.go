@@ -48,3 +48,6 @@ func (s *Server) FailingStats() lease.FailingStats { return s.failing.Stats() }
 
 // Stats returns the counters.
 func (s *Server) Stats() Stats { return s.stats }
+
+// Revoking returns the number of revocations awaiting acknowledgement.
+func (s *Server) Revoking() int { return len(s.callbacks) }

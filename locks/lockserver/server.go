@@ -52,11 +52,15 @@ type Unsafe struct {
 	IgnoreDelta      bool // failing and grace last τ, not τ(1+δ)
 }
 
+// DefaultMaxRevokeWait bounds how long a client that keeps flushing may
+// take to acknowledge a revocation: its whole dirty budget at a few MB/s.
+const DefaultMaxRevokeWait = 30 * time.Second
+
 // DefaultConfig returns production's settings for lease cfg and delivery
 // timeout dt: revocations extended by progress up to 30 s, no resends
 // (the transport retries), the tables' default bounds.
 func DefaultConfig(cfg lease.Config, dt time.Duration) Config {
-	return Config{Lease: cfg, DeliveryTimeout: dt, MaxRevokeWait: 30 * time.Second,
+	return Config{Lease: cfg, DeliveryTimeout: dt, MaxRevokeWait: DefaultMaxRevokeWait,
 		Data: locks.DefaultDataConfig(), Posix: locks.DefaultPosixConfig()}
 }
 
