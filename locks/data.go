@@ -100,6 +100,10 @@ type DataConfig struct {
 	// MaxWaiters is the most queued requests per inode; more are refused
 	// with ErrTooManyWaiters (the client retries).
 	MaxWaiters int
+	// GraceExempt, if set, names the clients an inode's grace
+	// (SetInodeGrace) does not hold back: the server's own pseudo clients,
+	// which are not clients whose locks the grace protects.
+	GraceExempt func(ids.ClientID) bool
 }
 
 // DefaultDataConfig returns a DataConfig with 1024 waiters per inode.
@@ -128,6 +132,7 @@ type DataTable struct {
 	byClient   map[ids.ClientID]map[ids.Ino]struct{} // holding or waiting
 	grace      bool
 	graceUntil clock.Time
+	inoGrace   map[ids.Ino]clock.Time // SetInodeGrace
 	seq        uint64
 }
 
@@ -136,7 +141,8 @@ func NewDataTable(cfg DataConfig) *DataTable {
 	if cfg.MaxWaiters < 1 {
 		panic("locks: NewDataTable: MaxWaiters must be at least 1")
 	}
-	return &DataTable{cfg: cfg, inodes: map[ids.Ino]*inode{}, byClient: map[ids.ClientID]map[ids.Ino]struct{}{}}
+	return &DataTable{cfg: cfg, inodes: map[ids.Ino]*inode{}, byClient: map[ids.ClientID]map[ids.Ino]struct{}{},
+		inoGrace: map[ids.Ino]clock.Time{}}
 }
 
 func (t *DataTable) get(ino ids.Ino) *inode {
@@ -220,13 +226,22 @@ func (t *DataTable) Request(c ids.ClientID, ino ids.Ino, mode Mode) (Outcome, er
 	return out, nil
 }
 
+// held reports whether an inode's grace holds c's request on ino back.
+func (t *DataTable) held(ino ids.Ino, c ids.ClientID) bool {
+	if _, ok := t.inoGrace[ino]; !ok {
+		return false
+	}
+	return t.cfg.GraceExempt == nil || !t.cfg.GraceExempt(c)
+}
+
 // advance grants waiters from the head of the queue while they fit, then asks
-// the holders that block the new head to give their locks down.
+// the holders that block the new head to give their locks down. A head that
+// the inode's grace holds back waits, and asks nobody.
 func (t *DataTable) advance(ino ids.Ino, in *inode) Outcome {
 	var out Outcome
 	for len(in.queue) > 0 {
 		w := in.queue[0]
-		if !t.fits(in, w) {
+		if t.held(ino, w.Client) || !t.fits(in, w) {
 			break
 		}
 		in.queue = in.queue[1:]
@@ -247,6 +262,9 @@ func (t *DataTable) advance(ino ids.Ino, in *inode) Outcome {
 		return out
 	}
 	w := in.queue[0]
+	if t.held(ino, w.Client) {
+		return out
+	}
 	to := None
 	if w.Mode == Shared {
 		to = Shared
@@ -372,14 +390,62 @@ func (t *DataTable) SetGrace(until clock.Time) {
 // InGrace reports whether the grace period runs, and until when.
 func (t *DataTable) InGrace() (clock.Time, bool) { return t.graceUntil, t.grace }
 
-// NextDeadline returns the time Tick must be called at, if any.
-func (t *DataTable) NextDeadline() (clock.Time, bool) { return t.graceUntil, t.grace }
+// SetInodeGrace grants no lock on ino before until but to GraceExempt
+// clients (a new owner that took the inode over without a clean hand-over:
+// the previous owner's clients may still trust their locks); requests queue
+// until Tick reaches until. A later end than one set already wins.
+func (t *DataTable) SetInodeGrace(ino ids.Ino, until clock.Time) {
+	if old, ok := t.inoGrace[ino]; !ok || until.After(old) {
+		t.inoGrace[ino] = until
+	}
+}
 
-// Tick ends the grace period once now reaches its end and serves the requests
-// that queued during it, in inode order.
-func (t *DataTable) Tick(now clock.Time) Outcome {
-	if !t.grace || now.Before(t.graceUntil) {
+// InodeGrace reports whether ino's grace runs, and until when.
+func (t *DataTable) InodeGrace(ino ids.Ino) (clock.Time, bool) {
+	until, ok := t.inoGrace[ino]
+	return until, ok
+}
+
+// EndInodeGrace ends ino's grace at once (the inode left this server) and
+// serves the requests that queued during it.
+func (t *DataTable) EndInodeGrace(ino ids.Ino) Outcome {
+	if _, ok := t.inoGrace[ino]; !ok {
 		return Outcome{}
+	}
+	delete(t.inoGrace, ino)
+	if in := t.inodes[ino]; in != nil && !t.grace {
+		return t.advance(ino, in)
+	}
+	return Outcome{}
+}
+
+// NextDeadline returns the time Tick must be called at, if any.
+func (t *DataTable) NextDeadline() (clock.Time, bool) {
+	next, ok := t.graceUntil, t.grace
+	for _, until := range t.inoGrace {
+		if !ok || until.Before(next) {
+			next, ok = until, true
+		}
+	}
+	return next, ok
+}
+
+// Tick ends the grace period and the inodes' graces once now reaches their
+// ends and serves the requests that queued during them, in inode order.
+func (t *DataTable) Tick(now clock.Time) Outcome {
+	var out Outcome
+	var ended []ids.Ino
+	for ino, until := range t.inoGrace {
+		if !now.Before(until) {
+			ended = append(ended, ino)
+		}
+	}
+	slices.Sort(ended)
+	for _, ino := range ended {
+		out.merge(t.EndInodeGrace(ino))
+	}
+	if !t.grace || now.Before(t.graceUntil) {
+		return out
 	}
 	t.grace = false
 	inos := make([]ids.Ino, 0, len(t.inodes))
@@ -387,7 +453,6 @@ func (t *DataTable) Tick(now clock.Time) Outcome {
 		inos = append(inos, ino)
 	}
 	slices.Sort(inos)
-	var out Outcome
 	for _, ino := range inos {
 		out.merge(t.advance(ino, t.inodes[ino]))
 	}

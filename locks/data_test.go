@@ -363,3 +363,46 @@ func TestRandomOps(t *testing.T) {
 		}
 	}
 }
+
+// TestInodeGrace: during an inode's grace no client is granted a lock on
+// it, nobody is asked to give one up, other inodes and exempt clients go
+// on, and the queued requests are served when it ends.
+func TestInodeGrace(t *testing.T) {
+	const pseudo = ids.ClientID(99)
+	tb := NewDataTable(DataConfig{MaxWaiters: 8, GraceExempt: func(c ids.ClientID) bool { return c == pseudo }})
+	if _, err := tb.Request(1, 5, Shared); err != nil {
+		t.Fatal(err)
+	}
+	tb.SetInodeGrace(5, 100)
+	tb.SetInodeGrace(7, 50)
+	if d, ok := tb.NextDeadline(); !ok || d != 50 {
+		t.Fatalf("next deadline %v %v", d, ok)
+	}
+	out, _ := tb.Request(2, 7, Exclusive)
+	if !out.Queued || len(out.Grants) != 0 {
+		t.Fatalf("granted in grace: %+v", out)
+	}
+	if out, _ := tb.Request(2, 8, Exclusive); out.Queued {
+		t.Fatal("an inode without grace held back")
+	}
+	// the exempt pseudo client gets X on 5 and revokes the S holder
+	out, _ = tb.Request(pseudo, 5, Exclusive)
+	if len(out.Revokes) != 1 || out.Revokes[0].Client != 1 {
+		t.Fatalf("exempt client held back: %+v", out)
+	}
+	if out := tb.Tick(49); len(out.Grants) != 0 {
+		t.Fatalf("grace ended early: %+v", out)
+	}
+	if out := tb.Tick(50); len(out.Grants) != 1 || out.Grants[0].Client != 2 {
+		t.Fatalf("queued request not served at the grace's end: %+v", out)
+	}
+	if _, ok := tb.InodeGrace(7); ok {
+		t.Fatal("grace of 7 still runs")
+	}
+	if out := tb.EndInodeGrace(5); len(out.Grants) != 0 {
+		t.Fatalf("%+v", out)
+	}
+	if _, ok := tb.NextDeadline(); ok {
+		t.Fatal("a deadline with no grace")
+	}
+}

@@ -3,6 +3,7 @@ package metaserver
 import (
 	"context"
 
+	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/locks"
 	"github.com/leasefs/leasefs/metaserver/ownership"
@@ -50,4 +51,22 @@ func (l ownerLocks) Exclude(ctx context.Context, c ids.ClientID, ino ids.Ino) (f
 		l.m.done(h)
 		l.m.release(c, ino, locks.None, h.grant.Seq)
 	}, nil
+}
+
+func (l ownerLocks) Grace(ino ids.Ino, until clock.Time) {
+	l.m.mu.Lock()
+	l.m.core.InodeGrace(ino, until)
+	l.m.unlock()
+}
+
+func (l ownerLocks) GraceUntil(ino ids.Ino) (clock.Time, bool) {
+	l.m.mu.Lock()
+	defer l.m.mu.Unlock()
+	return l.m.core.InodeGraceUntil(ino)
+}
+
+func (l ownerLocks) EndGrace(ino ids.Ino) {
+	l.m.mu.Lock()
+	l.m.core.EndInodeGrace(l.m.clk.Now(), ino)
+	l.m.unlock()
 }

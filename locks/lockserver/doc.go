@@ -33,7 +33,9 @@
 // locks only τ(1+δ) later on its own clock (Burns et al.; lease.FailingSet).
 // A server that restarts grants nothing but reclaims for τ(1+δ), since
 // clients of the previous incarnation may still trust their locks
-// (New with restarted). A revocation's deadline is extended while the
+// (New with restarted); a server that took an inode over without a clean
+// hand-over grants no client lock on it for τ(1+δ) (InodeGrace, the
+// ownership grace). A revocation's deadline is extended while the
 // client sends requests about the inode (it flushes what the lock
 // covered), up to Config.MaxRevokeWait; a client that stops answering is
 // still failed within the delivery timeout.

@@ -151,6 +151,9 @@ func New(cfg Config, now clock.Time, restarted bool) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Data.GraceExempt == nil {
+		cfg.Data.GraceExempt = cfg.Local
+	}
 	lcfg := cfg.Lease
 	if cfg.Unsafe.IgnoreDelta {
 		lcfg.Delta = 0
@@ -363,6 +366,17 @@ func (s *Server) fail(now clock.Time, c ids.ClientID, ino ids.Ino, why string) {
 	s.ready.Failed = append(s.ready.Failed, Failure{Client: c, Ino: ino, Reason: why, StealAt: at})
 }
 
+// InodeGrace grants no client lock on ino before until: this server took
+// the inode over without a clean hand-over, and the previous owner's
+// clients may trust their locks until then (the ownership grace).
+func (s *Server) InodeGrace(ino ids.Ino, until clock.Time) { s.data.SetInodeGrace(ino, until) }
+
+// InodeGraceUntil reports whether ino's grace runs, and until when.
+func (s *Server) InodeGraceUntil(ino ids.Ino) (clock.Time, bool) { return s.data.InodeGrace(ino) }
+
+// EndInodeGrace ends ino's grace (the inode left this server).
+func (s *Server) EndInodeGrace(now clock.Time, ino ids.Ino) { s.apply(now, s.data.EndInodeGrace(ino)) }
+
 // Forget takes every lock of c at once: it told the server it holds
 // nothing (a new session, a goodbye) or its lease surely lapsed (silent
 // for long). A failing client is not forgotten before its steal: it may
@@ -399,7 +413,7 @@ func (s *Server) steal(now clock.Time, c ids.ClientID) {
 
 // Tick acts on the deadlines that passed: revocations not acknowledged
 // fail their clients (or are resent once, Config.Resend), failing clients
-// whose τ(1+δ) ran out lose their locks, and the grace period ends.
+// whose τ(1+δ) ran out lose their locks, and grace periods end.
 func (s *Server) Tick(now clock.Time) {
 	keys := make([]key, 0, len(s.callbacks))
 	for k := range s.callbacks {

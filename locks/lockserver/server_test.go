@@ -217,3 +217,26 @@ func TestResend(t *testing.T) {
 		t.Fatalf("resent twice: %+v", rd)
 	}
 }
+
+// TestInodeGrace: the ownership grace holds clients back on one inode, not
+// the server's own pseudo clients, and ends at its deadline.
+func TestInodeGrace(t *testing.T) {
+	const pseudo = ids.ClientID(99)
+	s := newServer(t, false, func(c *Config) { c.Local = func(c ids.ClientID) bool { return c == pseudo } })
+	until := t0.Add(lcfg.FailTimeout())
+	s.InodeGrace(ino, until)
+	if q, _ := s.Request(t0, a, ino, locks.Shared); !q {
+		t.Fatal("granted during the inode's grace")
+	}
+	if q, _ := s.Request(t0, pseudo, 9, locks.Exclusive); q {
+		t.Fatal("pseudo client held back on another inode")
+	}
+	if d := s.NextDeadline(); d != until {
+		t.Fatalf("deadline %v", d.Sub(t0))
+	}
+	s.Ready()
+	s.Tick(until)
+	if rd := s.Ready(); len(rd.Grants) != 1 || rd.Grants[0].Client != a {
+		t.Fatalf("not granted at the grace's end: %+v", rd)
+	}
+}

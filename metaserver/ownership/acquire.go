@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/metaserver/paxosnode"
 	"github.com/leasefs/leasefs/wire"
@@ -106,22 +107,15 @@ func (c *Owner) OwnAll(ctx context.Context, inos []ids.Ino) error {
 			return err
 		}
 	}
+	// The lock manager grants no client lock during a grace anyway; the
+	// wait here keeps the request from holding other inodes' locks
+	// meanwhile, which a hand-over of those would wait for.
 	for _, ino := range inos {
-		c.mu.Lock()
-		until, ok := c.grace[ino]
-		if ok && !time.Now().Before(until) {
-			delete(c.grace, ino)
-			ok = false
-		}
-		c.mu.Unlock()
+		until, ok := c.locks.GraceUntil(ino)
 		if !ok {
 			continue
 		}
-		t := time.NewTimer(time.Until(until))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if clock.Sleep(ctx, c.clk, clock.Until(c.clk, until)) != nil {
 			return wire.Err(wire.CodeInterrupted)
 		}
 	}
@@ -170,7 +164,7 @@ func (c *Owner) own(ctx context.Context, ino ids.Ino) error {
 		actx, acancel := context.WithTimeout(octx, c.acquireTry)
 		ep, err := n.Acquire(actx, ino)
 		acancel()
-		acquired := time.Now()
+		acquired := c.clk.Now()
 		var no *paxosnode.NotOwnerError
 		var q *paxosnode.QuarantineError
 		switch {
@@ -269,9 +263,9 @@ func (c *Owner) handleHandover(ctx context.Context, from ids.ServerID, body []by
 	}
 	c.mu.Lock()
 	delete(c.recovered, ino)
-	delete(c.grace, ino)
 	delete(c.unsure, ino)
 	c.mu.Unlock()
+	c.locks.EndGrace(ino)
 	n.Release(ino)
 	release()
 	ms := time.Since(start).Milliseconds()

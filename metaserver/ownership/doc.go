@@ -34,8 +34,9 @@
 //     (the previous owner crashed, was cut off, or we cannot tell) grants no
 //     client lock on it for τ(1+δ) after its acquire: the old owner's
 //     clients may trust their locks until then (grace.go asks the previous
-//     owner first). The server has no lock reclaim, so during the grace
-//     every lock request on the inode waits (stricter than DESIGN.md's "no
+//     owner first; Locks.Grace, which the lock server core enforces). The
+//     server has no lock reclaim, so during the grace every lock request
+//     on the inode waits (stricter than DESIGN.md's "no
 //     conflicting lock except reclaims"); clients reclaim buffered writes
 //     after it by their version check (WriteIfVersion).
 //   - An inode with client locks is pinned (never released for idleness);

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/metaserver/paxosnode"
 	"github.com/leasefs/leasefs/metaserver/replica"
@@ -61,6 +62,9 @@ type Config struct {
 	PeerFaults      *transport.Faults // faults on the links to the other servers only (tests)
 	Logger          *slog.Logger
 	Started         time.Time // when the server started
+	// Clock is the lock manager's clock, on which graces end; nil is
+	// clock.Real.
+	Clock clock.Clock
 	// BeforeFetch, if set, is called before anti-entropy copies ino from
 	// peer p (tests: hold a copy back to force an interleaving).
 	BeforeFetch func(p ids.ServerID, ino ids.Ino)
@@ -77,6 +81,13 @@ type Locks interface {
 	// Exclude takes an exclusive lock on ino for c, revoking every other
 	// client's; release gives it up.
 	Exclude(ctx context.Context, c ids.ClientID, ino ids.Ino) (release func(), err error)
+	// Grace grants no client lock on ino before until, on the Clock
+	// (the grace after an unclean takeover).
+	Grace(ino ids.Ino, until clock.Time)
+	// GraceUntil reports whether ino's grace runs, and until when.
+	GraceUntil(ino ids.Ino) (clock.Time, bool)
+	// EndGrace ends ino's grace: the inode left this server.
+	EndGrace(ino ids.Ino)
 }
 
 // Owner is a server's cluster mode; nil on a single server.
@@ -90,6 +101,7 @@ type Owner struct {
 	size   int
 	node   atomic.Pointer[paxosnode.Node]
 
+	clk        clock.Clock   // the lock manager's
 	lease      time.Duration // T
 	graceTime  time.Duration // τ(1+δ)
 	callWait   time.Duration // one peer call
@@ -102,7 +114,6 @@ type Owner struct {
 
 	mu        sync.Mutex
 	recovered map[ids.Ino]ids.Epoch // inodes recovered under the epoch we own them by
-	grace     map[ids.Ino]time.Time // no client lock before this
 	// unsure: inodes whose last change did not reach a majority, with the
 	// epoch we own them by; recovering them under the same epoch needs
 	// no grace (our clients' locks never left this server)
@@ -124,10 +135,13 @@ func errUnavailable(format string, a ...any) error {
 // New returns the owner logic of a cluster server; Start starts it.
 func New(cfg Config) *Owner {
 	c := &Owner{cfg: cfg, log: cfg.Logger, pushes: pushFlights{m: map[pushKey]*push{}}, self: cfg.ServerID, size: len(cfg.Peers),
-		lease:     cfg.OwnershipLease,
+		lease: cfg.OwnershipLease, clk: cfg.Clock,
 		graceTime: time.Duration(float64(cfg.ClientLease)*(1+cfg.ClockDrift)) + time.Millisecond,
-		recovered: map[ids.Ino]ids.Epoch{}, grace: map[ids.Ino]time.Time{}, unsure: map[ids.Ino]ids.Epoch{},
+		recovered: map[ids.Ino]ids.Epoch{}, unsure: map[ids.Ino]ids.Epoch{},
 		pinned: map[ids.Ino]bool{}, health: map[ids.ServerID]*peerHealth{}, lanes: map[ids.ServerID]*peerLane{}, stop: make(chan struct{})}
+	if c.clk == nil {
+		c.clk = clock.Real{}
+	}
 	for id := range cfg.Peers {
 		if id != c.self {
 			c.others = append(c.others, id)

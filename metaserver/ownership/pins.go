@@ -17,9 +17,9 @@ import (
 func (c *Owner) onLost(l paxosnode.Loss) {
 	c.mu.Lock()
 	delete(c.recovered, l.Ino)
-	delete(c.grace, l.Ino)
 	delete(c.unsure, l.Ino)
 	c.mu.Unlock()
+	c.locks.EndGrace(l.Ino)
 	failed := 0
 	for _, h := range c.locks.Holders(l.Ino) {
 		if _, peer := paxosnode.PeerOf(h); peer {

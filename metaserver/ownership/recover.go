@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/lease/paxos"
 	"github.com/leasefs/leasefs/metaserver/paxosnode"
@@ -28,7 +29,7 @@ func (r replVersion) less(o replVersion) bool {
 // stamped with its epoch ep on a majority, before it serves the inode
 // (DESIGN.md: the new owner reads the inode from a majority, takes the
 // newest, writes it back under its own epoch).
-func (c *Owner) recover(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep ids.Epoch, handedOver bool, acquired time.Time) error {
+func (c *Owner) recover(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep ids.Epoch, handedOver bool, acquired clock.Time) error {
 	rctx, cancel := context.WithTimeout(ctx, c.callWait)
 	defer cancel()
 	q := &enc{}
@@ -159,7 +160,10 @@ func (c *Owner) recover(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep 
 	sameOwner := c.unsure[ino] == ep
 	delete(c.unsure, ino)
 	if needGrace && !sameOwner {
-		c.grace[ino] = acquired.Add(c.graceTime)
+		// under mu with recovered: no request may take a client lock
+		// on the inode before its grace is set (lock order: mu, then
+		// the lock manager's)
+		c.locks.Grace(ino, acquired.Add(c.graceTime))
 		c.stats.graces.Add(1)
 	}
 	c.mu.Unlock()
