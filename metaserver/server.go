@@ -213,7 +213,7 @@ func Start(cfg Config) (*Server, error) {
 		s.owner = ownership.New(ownership.Config{ServerID: cfg.ServerID, Peers: cfg.Peers, Dir: cfg.Dir,
 			OwnershipLease: cfg.OwnershipLease, ClientLease: cfg.ClientLease, ClockDrift: cfg.ClockDrift,
 			DeliveryTimeout: cfg.DeliveryTimeout, IdleRelease: cfg.IdleRelease, AntiEntropy: cfg.AntiEntropy,
-			Faults: cfg.Faults, PeerFaults: cfg.PeerFaults, Logger: cfg.Logger, Started: s.start, Clock: cfg.Clock,
+			Faults: cfg.Faults, PeerFaults: cfg.PeerFaults, Logger: cfg.Logger, Clock: cfg.Clock,
 			BeforeFetch: cfg.beforeFetch})
 		opts.Stamp = replica.Stamp(s.owner.OwnerEpoch)
 		opts.Replicate = s.owner.Replicate

@@ -79,5 +79,5 @@ func (c *Owner) handleLockFree(_ context.Context, _ ids.ServerID, body []byte) [
 // inode at epoch, more than τ(1+δ) ago: every lease its clients had from
 // the earlier run has run out.
 func (c *Owner) restartedSince(n *paxosnode.Node, epoch ids.Epoch) bool {
-	return paxos.BallotBoot(epoch) != n.Boot() && time.Since(c.cfg.Started) > c.graceTime
+	return paxos.BallotBoot(epoch) != n.Boot() && c.clk.Now().Sub(c.started) > c.graceTime
 }

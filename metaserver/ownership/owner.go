@@ -61,7 +61,6 @@ type Config struct {
 	Faults          *transport.Faults
 	PeerFaults      *transport.Faults // faults on the links to the other servers only (tests)
 	Logger          *slog.Logger
-	Started         time.Time // when the server started
 	// Clock is the lock manager's clock, on which graces end; nil is
 	// clock.Real.
 	Clock clock.Clock
@@ -102,6 +101,7 @@ type Owner struct {
 	node   atomic.Pointer[paxosnode.Node]
 
 	clk        clock.Clock   // the lock manager's
+	started    clock.Time    // when New ran, as the server started
 	lease      time.Duration // T
 	graceTime  time.Duration // τ(1+δ)
 	callWait   time.Duration // one peer call
@@ -142,6 +142,7 @@ func New(cfg Config) *Owner {
 	if c.clk == nil {
 		c.clk = clock.Real{}
 	}
+	c.started = c.clk.Now()
 	for id := range cfg.Peers {
 		if id != c.self {
 			c.others = append(c.others, id)
