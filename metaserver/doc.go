@@ -11,7 +11,8 @@
 //   - admin: the admin endpoint.
 //
 // This package is the server itself: sessions (sessions.go), the lock
-// manager around the pure lock tables (locking.go), the request handlers
+// manager, a shell around the pure lock server locks/lockserver (locking.go),
+// the request handlers
 // (ops.go) and what the admin endpoint reads (adminview.go).
 //
 // # Caller's duties

@@ -51,6 +51,11 @@ type lockMgr struct {
 	// request's progress note costs no lock when there are none
 	revoking       atomic.Int64
 	deliveryErrors int64
+	// self, during unlockFor, takes the grant for its key into own (a
+	// request granted at once) instead of a waiter's channel
+	self  holdKey
+	own   locks.Grant
+	found bool
 }
 
 // newLockMgr builds the lock shell; restarted says whether the data
@@ -79,7 +84,12 @@ func newLockMgr(s *Server, restarted bool) *lockMgr {
 // unlock does what the core asks, sets the timer to its next deadline and
 // releases mu; it logs and forgets sessions after, since the server's
 // mutex comes before mu.
-func (m *lockMgr) unlock() {
+func (m *lockMgr) unlock() { m.unlockFor(holdKey{}) }
+
+// unlockFor is unlock that also returns self's grant, if Ready has one,
+// and marks an operation in flight under it.
+func (m *lockMgr) unlockFor(self holdKey) (own locks.Grant, found bool) {
+	m.self, m.found = self, false
 	rd := m.core.Ready()
 	for _, g := range rd.Grants {
 		m.wake(g, false)
@@ -104,16 +114,23 @@ func (m *lockMgr) unlock() {
 	}
 	m.revoking.Store(int64(m.core.Revoking()))
 	m.arm()
-	now := m.clk.Now()
+	var now clock.Time
+	if len(rd.Failed) > 0 {
+		now = m.clk.Now()
+	}
+	failed, stolen := slices.Clone(rd.Failed), slices.Clone(rd.Stolen) // the core reuses rd
+	own, found = m.own, m.found
+	m.self, m.own, m.found = holdKey{}, locks.Grant{}, false
 	m.mu.Unlock()
-	for _, f := range rd.Failed {
+	for _, f := range failed {
 		m.s.log.Warn("client failing: NACKing its requests until its lease has surely expired",
 			"client", f.Client, "ino", f.Ino, "reason", f.Reason, "steal_in", f.StealAt.Sub(now))
 	}
-	for _, c := range rd.Stolen {
+	for _, c := range stolen {
 		m.s.log.Warn("client timed out: locks stolen, session forgotten", "client", c)
 		m.s.dropSession(c)
 	}
+	return own, found
 }
 
 // arm sets the one timer to the core's next deadline. Called with mu held.
@@ -147,6 +164,10 @@ func (m *lockMgr) tick() {
 // wake hands grant g to the waiting requests it covers. Called with mu held.
 func (m *lockMgr) wake(g locks.Grant, nack bool) {
 	key := holdKey{g.Client, g.Ino}
+	if key == m.self && !nack {
+		m.own, m.found = g, true
+		m.core.Begin(g.Client, g.Ino)
+	}
 	// Only waiters that asked for no more than g: a client's read
 	// granted S at once must not wake its own write waiting for X.
 	rest := m.waiters[key][:0]
@@ -207,13 +228,10 @@ type woken struct {
 // marks an operation in flight under it.
 func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode locks.Mode) (held, error) {
 	key := holdKey{c, ino}
-	ch := make(chan woken, 1)
 	m.mu.Lock()
 	fresh := m.core.Mode(c, ino) == locks.None
-	m.waiters[key] = append(m.waiters[key], waiter{ch, mode})
-	_, err := m.core.Request(m.clk.Now(), c, ino, mode)
+	queued, err := m.core.Request(m.clk.Now(), c, ino, mode)
 	if err != nil {
-		m.dropWaiter(key, ch)
 		m.unlock()
 		if errors.Is(err, lockserver.ErrNack) {
 			return held{}, errNack
@@ -222,6 +240,15 @@ func (m *lockMgr) acquire(ctx context.Context, c ids.ClientID, ino ids.Ino, mode
 		m.s.warns.Warn(m.s.log, c.String(), "lock request refused", "client", c, "ino", ino, "mode", mode, "err", err)
 		return held{}, wire.Errf(wire.CodeAgain, "%v", err)
 	}
+	if !queued {
+		g, ok := m.unlockFor(key) // granted at once
+		if !ok {
+			return held{}, wire.Errf(wire.CodeAgain, "lock on %v granted to nobody", ino)
+		}
+		return held{key, g, fresh}, nil
+	}
+	ch := make(chan woken, 1)
+	m.waiters[key] = append(m.waiters[key], waiter{ch, mode})
 	m.unlock()
 	select {
 	case w := <-ch:

@@ -11,7 +11,7 @@
 // time of the caller's monotonic clock, read once per call. After every call
 // the caller must, in order:
 //
-//  1. take Ready(): answer each Nacks entry's waiting request with a NACK,
+//  1. take Ready() (valid until the next call): answer each Nacks entry's waiting request with a NACK,
 //     wake the requests each Grants entry grants, deliver every Revokes
 //     entry as a callback (a resend replaces an earlier delivery), wake the
 //     POSIX waiters of PosixGrants, stop delivering to each Failed client

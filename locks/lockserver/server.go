@@ -92,7 +92,8 @@ type Failure struct {
 }
 
 // Ready is what the caller must do after a call (see the package doc).
-// The slices belong to the caller.
+// Its slices are valid until the next call into the Server, which reuses
+// them.
 type Ready struct {
 	Grants      []locks.Grant  // wake the requests these grant
 	Nacks       []locks.Grant  // granted to a failing client: NACK the requests instead
@@ -170,7 +171,8 @@ func New(cfg Config, now clock.Time, restarted bool) (*Server, error) {
 // Ready returns and clears what the caller must do.
 func (s *Server) Ready() Ready {
 	r := s.ready
-	s.ready = Ready{}
+	s.ready = Ready{Grants: r.Grants[:0], Nacks: r.Nacks[:0], Revokes: r.Revokes[:0],
+		PosixGrants: r.PosixGrants[:0], Failed: r.Failed[:0], Stolen: r.Stolen[:0]}
 	return r
 }
 
@@ -187,7 +189,8 @@ func (s *Server) NextDeadline() clock.Time {
 		set(s.expiry(cb))
 		set(cb.resendAt)
 	}
-	if d, ok := s.failing.NextDeadline(); ok {
+	if s.failing.Len() > 0 {
+		d, _ := s.failing.NextDeadline()
 		set(d)
 	}
 	if d, ok := s.data.NextDeadline(); ok {
