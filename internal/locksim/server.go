@@ -103,12 +103,7 @@ func (s *server) receive(m *msg) {
 	now := s.now()
 	c := m.client
 	if m.kind == mCallbackAck {
-		if sess, ok := s.sessions[c]; ok && sess.id == m.session {
-			err := s.core.Acked(now, c, m.ino, m.mode, m.seq)
-			if err != nil && !errors.Is(err, locks.ErrNotHeld) && !errors.Is(err, locks.ErrStale) {
-				s.w.fail("server: release on callback ack: %v", err)
-			}
-		}
+		s.callbackAck(m, now)
 		return
 	}
 	// Nothing but a NACK for a client being timed out (Burns et al.).
@@ -155,6 +150,16 @@ func (s *server) receive(m *msg) {
 		s.reply(m, msg{grant: true, ino: g.Ino, mode: g.Mode, seq: g.Seq})
 	case mRenew:
 		s.reply(m, msg{})
+	}
+}
+
+func (s *server) callbackAck(m *msg, now clock.Time) {
+	if sess, ok := s.sessions[m.client]; !ok || sess.id != m.session {
+		return
+	}
+	err := s.core.Acked(now, m.client, m.ino, m.mode, m.seq)
+	if err != nil && !errors.Is(err, locks.ErrNotHeld) && !errors.Is(err, locks.ErrStale) {
+		s.w.fail("server: release on callback ack: %v", err)
 	}
 }
 
