@@ -10,13 +10,15 @@
 // # Safety
 //
 // The table only records what the server believes; clients may still trust a
-// lock the table no longer lists until their lease lapses. So the caller may
+// lock the table no longer lists until their lease lapses. So the caller
+// (package lockserver, which keeps these rules for the server) may
 // Steal a client's locks only when lease.FailingSet reports it expired, and
 // after a restart must SetGrace for τ(1+δ) so that only reclaims are granted
 // while clients of the previous incarnation may still trust their locks.
 // Grants and revocations of one inode carry an increasing sequence number
 // (one counter per table), so that messages reordered or duplicated by the
-// network cannot resurrect or drop the wrong lock. The client:
+// network cannot resurrect or drop the wrong lock. The client (package
+// lockclient keeps these rules):
 //
 //   - applies a revocation with Seq s only if s is above the Seq of the grant
 //     it holds (a lower one was overtaken by a newer grant), and ignores a
