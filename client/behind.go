@@ -478,7 +478,7 @@ func (c *Client) behindSent(dir ids.Ino, reqs []*wire.Request, errs []error) {
 func (c *Client) sendBatch(ctx context.Context, dir ids.Ino, reqs []*wire.Request) ([]error, []*wire.Reply) {
 	errs := make([]error, len(reqs))
 	if len(reqs) == 1 {
-		rep, err := c.send(ctx, reqs[0], nil, false, nil, 0)
+		rep, err := c.send(ctx, reqs[0], sendOpts{})
 		errs[0] = err
 		return errs, []*wire.Reply{rep}
 	}
@@ -493,7 +493,7 @@ func (c *Client) sendBatch(ctx context.Context, dir ids.Ino, reqs []*wire.Reques
 		}
 	}()
 	c.Counters.BehindBatches.Add(1)
-	rep, err := c.send(ctx, &wire.Request{Op: wire.OpBatch, Parent: dir, Data: wire.AppendBatch(nil, reqs)}, nil, false, nil, 0)
+	rep, err := c.send(ctx, &wire.Request{Op: wire.OpBatch, Parent: dir, Data: wire.AppendBatch(nil, reqs)}, sendOpts{})
 	var reps []*wire.Reply
 	if err == nil {
 		reps, err = wire.ParseBatchReplies(rep.Data, len(reqs))

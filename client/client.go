@@ -173,7 +173,7 @@ type Client struct {
 //   - send, and all it runs (recovery, reclaim), never waits for changes
 //     sent behind nor takes a file's mu but by tryLock: it runs on the
 //     senders and on flushes holding a file's mu. waitFor runs before send
-//     (callWith), never inside. The locks a reply's grants push out of the
+//     (call), never inside. The locks a reply's grants push out of the
 //     cache are given back by the background goroutine (takeEvictedLocked),
 //     which waits for the inode's changes behind and flushes it first: given
 //     back by the sender that got the reply, a lock waited for that

@@ -275,7 +275,7 @@ func (c *Client) giveBack(ctx context.Context, g wire.Grant) {
 	if hook := c.rel.giveBackHook.Load(); hook != nil {
 		after = (*hook)(g)
 	}
-	_, err := c.send(ctx, &wire.Request{Op: wire.OpLockRelease, Ino: g.Ino, LockMode: wire.LockNone, Version: g.Seq}, nil, false, nil, 0)
+	_, err := c.send(ctx, &wire.Request{Op: wire.OpLockRelease, Ino: g.Ino, LockMode: wire.LockNone, Version: g.Seq}, sendOpts{})
 	var answer *wire.Error
 	c.rel.done(g, true, err == nil || errors.As(err, &answer))
 	after()

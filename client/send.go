@@ -24,26 +24,21 @@ func (c *Client) Call(ctx context.Context, req *wire.Request) (*wire.Reply, erro
 // call is Call with apply run on the cache in the same critical section
 // that applies the reply's grants (for every reply the server gave, errors
 // included: a not-found is worth caching too), so what it caches is covered
-// by exactly those grants: no revocation can slip between.
+// by exactly those grants: no revocation can slip between. The request
+// waits for the changes sent behind that it could observe first (waitFor).
 func (c *Client) call(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply)) (*wire.Reply, error) {
-	return c.callWith(ctx, req, apply, false)
-}
-
-// errRecovered tells a flush of buffered writes that the server NACKed it:
-// the client recovered, and the writes may now only be reclaimed.
-var errRecovered = errors.New("client: session recovered after NACK")
-
-// callWith is call; with failOnNack a NACKed request is not sent again in
-// the new session but fails with errRecovered.
-func (c *Client) callWith(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool) (*wire.Reply, error) {
 	wctx, cancel := c.opContext(ctx, interruptible(req))
 	err := c.waitFor(wctx, req)
 	cancel()
 	if err != nil {
 		return nil, c.softErr(ctx, err)
 	}
-	return c.send(ctx, req, apply, failOnNack, nil, 0)
+	return c.send(ctx, req, sendOpts{apply: apply})
 }
+
+// errRecovered tells a flush of buffered writes that the server NACKed it:
+// the client recovered, and the writes may now only be reclaimed.
+var errRecovered = errors.New("client: session recovered after NACK")
 
 // interruptible reports whether req gives way to a signal (EINTR): only a
 // lock wait, which can block for as long as another user likes. Anything
@@ -98,22 +93,43 @@ func (c *Client) opContext(ctx context.Context, interruptible bool) (context.Con
 	return ctx, func() { stop(); cancel(); cancelDetach() }
 }
 
-// send is callWith; a non-nil to sends req to that server only (a
-// renewal of its lease) and fails if the client gives it up. A non-zero
-// gen sends a buffered change made in cache generation gen: if the cache
-// was dropped since, it fails with errRecovered unsent (failOnNack must be
-// set), as a NACK of it would have.
-func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply), failOnNack bool, to *conn, gen uint64) (_ *wire.Reply, err error) {
-	if !interruptible(req) {
-		var cancel context.CancelFunc
-		ctx, cancel = detach(ctx)
-		defer cancel()
-	}
-	// Shutdown ends every wait for a server, whoever waits: a mount must
-	// stop within its bound even when no server answers.
-	ctx, cancelLife := context.WithCancel(ctx)
-	defer cancelLife()
-	defer context.AfterFunc(c.life, cancelLife)()
+// sendOpts says how send sends a request. The zero value sends it to the
+// owner of its inode, sends it again in a new session after a NACK, and
+// applies the reply's grants and attributes to the cache.
+type sendOpts struct {
+	// apply runs on the cache with the reply, in the critical section that
+	// applies its grants (call).
+	apply func(*cache.Cache, *wire.Reply)
+	// failOnNack: a NACKed request is not sent again in the new session
+	// but fails with errRecovered (a flush's writes: they may only be
+	// reclaimed).
+	failOnNack bool
+	// to, if set, is the only server the request goes to (a renewal of
+	// its lease, a goodbye); send fails with errServerLost if the client
+	// gives it up.
+	to *conn
+	// cacheGen, if set, is the cache generation a buffered change was
+	// made in: if the cache was dropped since, send fails with
+	// errRecovered unsent, as a NACK of it would have (set failOnNack).
+	cacheGen uint64
+}
+
+// sendStep is what send does after an attempt.
+type sendStep int
+
+const (
+	sendDone     sendStep = iota // return the attempt's reply or error
+	sendAgain                    // send again with a new header
+	sendRedirect                 // the server is not the inode's owner: follow the reply's
+)
+
+// send sends req (after call's waits, or without them where the caller
+// must not wait: see the wait order in doc.go) until a server answers it,
+// following redirects and recovering from NACKs and lost servers, and
+// applies the reply (sendOpts).
+func (c *Client) send(ctx context.Context, req *wire.Request, o sendOpts) (_ *wire.Reply, err error) {
+	ctx, cancel := c.sendContext(ctx, req)
+	defer cancel()
 	defer func() {
 		if err != nil && c.life.Err() != nil {
 			err = ErrClosed
@@ -134,71 +150,21 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 	head := req.AppendHead(nil)
 	// A soft mount's timeout covers every send of the request, resends
 	// after a failover or an unavailable server included.
-	sctx := ctx
-	if c.cfg.SoftTimeout > 0 {
-		var cancel context.CancelFunc
-		sctx, cancel = context.WithTimeout(ctx, c.cfg.SoftTimeout)
-		defer cancel()
-	}
+	sctx, cancelSoft := c.softContext(ctx)
+	defer cancelSoft()
 	redirects := 0
 	for {
-		cn := to
+		cn := o.to
 		if cn == nil {
 			if cn, err = c.pick(sctx, req); err != nil {
 				return nil, c.softErr(ctx, err)
 			}
 		}
-		c.mu.Lock()
-		if gen != 0 && gen != c.cacheGen {
-			c.mu.Unlock()
-			return nil, errRecovered
-		}
-		h := transport.Header{Client: c.id, Session: cn.session.ID, Seq: c.nextSeq()}
-		sent := c.clk.Now()
-		sentGen := c.cache.Gen()
-		if cn.lease != nil {
-			cn.lease.Sent(sent, req.Op == wire.OpRenew)
-		}
-		c.mu.Unlock()
-		c.Counters.Requests.Add(1)
-		// the reply's grants are held against the releases under way
-		// (evict.go) until they are applied
-		answered := c.rel.sent()
-		rep, err := c.roundTrip(ctx, sctx, cn, h, head, req.Data)
-		c.seqs.done(h.Seq)
-		if err != nil || rep.Code == wire.CodeNack {
-			answered()
-		}
-		if errors.Is(err, errSendAgain) && to == nil {
+		rep, step, err := c.attempt(ctx, sctx, cn, req, head, o)
+		switch step {
+		case sendAgain:
 			continue
-		}
-		if errors.Is(err, errServerLost) || err == nil && rep.Code == wire.CodeNack {
-			if err := c.recover(ctx, cn, h.Session); err != nil {
-				return nil, err
-			}
-			if failOnNack {
-				return nil, errRecovered
-			}
-			if to != nil {
-				return nil, errServerLost
-			}
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		c.mu.Lock()
-		current := h.Session == cn.session.ID
-		if current {
-			cn.lease.Acked(sent, c.clk.Now())
-			if cn.lapsed {
-				cn.lapsed = false
-				c.log.Info("lease renewed: server reachable again, cache still valid", "server", cn.addr)
-			}
-		}
-		if rep.Code == wire.CodeRedirect {
-			c.mu.Unlock()
-			answered()
+		case sendRedirect:
 			c.Counters.Redirects.Add(1)
 			if redirects++; redirects > maxRedirects || !c.follow(sctx, req.Home(), rep.Owner) {
 				req.NoRedirect = true
@@ -206,38 +172,159 @@ func (c *Client) send(ctx context.Context, req *wire.Request, apply func(*cache.
 			}
 			continue
 		}
-		if current {
-			if len(rep.Grants) > 0 {
-				cn.holds = true
-			}
-			if from, ok := ctx.Value(replyFromKey{}).(*ids.ServerID); ok {
-				*from = cn.server // for a grant's sequence number (ReadPage)
-			}
-			c.cache.ApplyReply(c.rel.filter(rep.Grants), sentGen, func() {
-				if rep.Attr != nil {
-					c.cache.SetAttr(rep.Attr)
-				}
-				if apply != nil {
-					apply(c.cache, rep)
-				}
-			})
-			// given back by the background goroutine: this one may be
-			// what the release waits for (a sender of changes behind)
-			c.takeEvictedLocked()
+		return rep, err
+	}
+}
+
+// sendContext is the context send runs under: ctx detached unless req is
+// interruptible, and ended by Shutdown giving up, whoever waits: a mount
+// must stop within its bound even when no server answers.
+func (c *Client) sendContext(ctx context.Context, req *wire.Request) (context.Context, context.CancelFunc) {
+	cancelDetach := context.CancelFunc(func() {})
+	if !interruptible(req) {
+		ctx, cancelDetach = detach(ctx)
+	}
+	ctx, cancelLife := context.WithCancel(ctx)
+	stop := context.AfterFunc(c.life, cancelLife)
+	return ctx, func() { stop(); cancelLife(); cancelDetach() }
+}
+
+// softContext is ctx bounded by a soft mount's timeout.
+func (c *Client) softContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.cfg.SoftTimeout > 0 {
+		return context.WithTimeout(ctx, c.cfg.SoftTimeout)
+	}
+	return ctx, func() {}
+}
+
+// sending is one attempt to send a request: its header, and the time and
+// the cache's generation when it went, for the lease and the grants its
+// reply brings.
+type sending struct {
+	h  transport.Header
+	at clock.Time
+	// gen is the cache's generation (cache.Gen) when it went
+	gen uint64
+}
+
+// attempt sends req to cn once and deals with the answer: a server that
+// cannot serve now means sending again, a NACK or a lost server makes the
+// client recover (afterLoss), a reply is applied (accept).
+func (c *Client) attempt(ctx, sctx context.Context, cn *conn, req *wire.Request, head []byte, o sendOpts) (*wire.Reply, sendStep, error) {
+	s, err := c.stamp(cn, req, o.cacheGen)
+	if err != nil {
+		return nil, sendDone, err
+	}
+	c.Counters.Requests.Add(1)
+	// the reply's grants are held against the releases under way
+	// (evict.go) until they are applied
+	answered := c.rel.sent()
+	rep, err := c.roundTrip(ctx, sctx, cn, s.h, head, req.Data)
+	c.seqs.done(s.h.Seq)
+	if err != nil || rep.Code == wire.CodeNack {
+		answered()
+	}
+	switch {
+	case errors.Is(err, errSendAgain) && o.to == nil:
+		return nil, sendAgain, nil
+	case errors.Is(err, errServerLost) || err == nil && rep.Code == wire.CodeNack:
+		step, err := c.afterLoss(ctx, cn, s.h.Session, o)
+		return nil, step, err
+	case err != nil:
+		return nil, sendDone, err
+	}
+	return c.accept(ctx, cn, req, rep, s, o.apply, answered)
+}
+
+// stamp numbers an attempt to send req to cn and tells cn's lease it went;
+// it fails with errRecovered if the cache was dropped since cacheGen
+// (sendOpts).
+func (c *Client) stamp(cn *conn, req *wire.Request, cacheGen uint64) (sending, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cacheGen != 0 && cacheGen != c.cacheGen {
+		return sending{}, errRecovered
+	}
+	s := sending{h: transport.Header{Client: c.id, Session: cn.session.ID, Seq: c.nextSeq()}, at: c.clk.Now(), gen: c.cache.Gen()}
+	if cn.lease != nil {
+		cn.lease.Sent(s.at, req.Op == wire.OpRenew)
+	}
+	return s, nil
+}
+
+// afterLoss recovers from the loss of the session lost on cn (a NACK, or
+// the server given up) and says what becomes of the request: a NACKed
+// request was not executed, and goes again unless o says otherwise.
+func (c *Client) afterLoss(ctx context.Context, cn *conn, lost ids.SessionID, o sendOpts) (sendStep, error) {
+	if err := c.recover(ctx, cn, lost); err != nil {
+		return sendDone, err
+	}
+	switch {
+	case o.failOnNack:
+		return sendDone, errRecovered
+	case o.to != nil:
+		return sendDone, errServerLost
+	}
+	return sendAgain, nil
+}
+
+// accept takes a server's reply: it renews cn's lease, and applies the
+// reply's grants and attributes (and apply) if it came in the session it
+// was sent in, unless it is a redirect. It calls answered once the grants
+// are applied.
+func (c *Client) accept(ctx context.Context, cn *conn, req *wire.Request, rep *wire.Reply, s sending, apply func(*cache.Cache, *wire.Reply), answered func()) (*wire.Reply, sendStep, error) {
+	c.mu.Lock()
+	current := s.h.Session == cn.session.ID
+	if current {
+		cn.lease.Acked(s.at, c.clk.Now())
+		if cn.lapsed {
+			cn.lapsed = false
+			c.log.Info("lease renewed: server reachable again, cache still valid", "server", cn.addr)
 		}
-		server := cn.server
+	}
+	if rep.Code == wire.CodeRedirect {
 		c.mu.Unlock()
 		answered()
-		for _, g := range rep.Grants {
-			c.learnOwner(g.Ino, server)
-		}
-		if rep.Code == wire.CodeNoSpace && req.Op != wire.OpSetXattr {
-			// (a setxattr gets it for a names list too long, not a
-			// full disk)
-			c.noteNoSpace()
-		}
-		return rep, rep.Err()
+		return rep, sendRedirect, nil
 	}
+	if current {
+		c.applyLocked(ctx, cn, rep, s.gen, apply)
+	}
+	server := cn.server
+	c.mu.Unlock()
+	answered()
+	for _, g := range rep.Grants {
+		c.learnOwner(g.Ino, server)
+	}
+	if rep.Code == wire.CodeNoSpace && req.Op != wire.OpSetXattr {
+		// (a setxattr gets it for a names list too long, not a full
+		// disk)
+		c.noteNoSpace()
+	}
+	return rep, sendDone, rep.Err()
+}
+
+// applyLocked applies a reply from cn, to a request sent at the cache's
+// generation gen, to the cache: its grants, its attributes and apply, in
+// one step. Called with c.mu held.
+func (c *Client) applyLocked(ctx context.Context, cn *conn, rep *wire.Reply, gen uint64, apply func(*cache.Cache, *wire.Reply)) {
+	if len(rep.Grants) > 0 {
+		cn.holds = true
+	}
+	if from, ok := ctx.Value(replyFromKey{}).(*ids.ServerID); ok {
+		*from = cn.server // for a grant's sequence number (ReadPage)
+	}
+	c.cache.ApplyReply(c.rel.filter(rep.Grants), gen, func() {
+		if rep.Attr != nil {
+			c.cache.SetAttr(rep.Attr)
+		}
+		if apply != nil {
+			apply(c.cache, rep)
+		}
+	})
+	// given back by the background goroutine: this one may be what the
+	// release waits for (a sender of changes behind)
+	c.takeEvictedLocked()
 }
 
 // noSpaceHold is how long after the server refused a change for want of

@@ -313,7 +313,7 @@ func (c *Client) renewLoop() {
 		c.flushOld(context.Background())
 		for _, cn := range due {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cn.lease.Config().Tau))
-			_, _ = c.send(ctx, &wire.Request{Op: wire.OpRenew}, nil, false, cn, 0)
+			_, _ = c.send(ctx, &wire.Request{Op: wire.OpRenew}, sendOpts{to: cn})
 			cancel()
 		}
 	})

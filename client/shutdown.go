@@ -59,7 +59,7 @@ func (c *Client) shutdown(ctx context.Context) error {
 		open := cn.hasSession()
 		c.mu.Unlock()
 		if open {
-			_, _ = c.send(ctx, &wire.Request{Op: wire.OpGoodbye}, nil, false, cn, 0)
+			_, _ = c.send(ctx, &wire.Request{Op: wire.OpGoodbye}, sendOpts{to: cn})
 		}
 	}
 	// Whatever still waits for a server (a renewal, a FUSE request on a

@@ -476,7 +476,7 @@ func (c *Client) flushBuffered(ctx context.Context, ino ids.Ino) error {
 		// if this is refused, the reclaim sends the writes again: the
 		// server answers them from its record of them, then takes the
 		// attributes
-		_, err = c.send(ctx, attrs, ownVersion, true, nil, f.gen)
+		_, err = c.send(ctx, attrs, sendOpts{apply: ownVersion, failOnNack: true, cacheGen: f.gen})
 	}
 	if c.removedWhileDirty(ino, f, err) {
 		err = nil
@@ -672,7 +672,7 @@ func (c *Client) reclaimInterrupted(ctx context.Context, sent *sentWrites) ([]*w
 		r.Flags |= wire.WriteIfVersion
 		r.Version = noVersion
 		for nacks := 0; ; nacks++ {
-			_, err := c.send(ctx, r, nil, true, nil, 0) // (as reclaimFile's)
+			_, err := c.send(ctx, r, sendOpts{failOnNack: true}) // (as reclaimFile's)
 			switch {
 			case errors.Is(err, errRecovered) && nacks < maxReclaimNacks:
 				continue
@@ -990,7 +990,7 @@ func (c *Client) sendWrites(ctx context.Context, f *dirtyFile, sent *sentWrites)
 	}
 	var versionMu sync.Mutex
 	send := func(r *wire.Request) error {
-		rep, err := c.send(ctx, r, ownVersion, true, nil, f.gen)
+		rep, err := c.send(ctx, r, sendOpts{apply: ownVersion, failOnNack: true, cacheGen: f.gen})
 		if err == nil {
 			versionMu.Lock()
 			sent.answered[index[r]] = true
@@ -1149,10 +1149,10 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, sen
 		r.Flags |= wire.WriteIfVersion
 		r.Version = version
 		var rep *wire.Reply
-		// Not waiting for changes sent behind (callWith): this may run
+		// Not waiting for changes sent behind (call): this may run
 		// on their sender, after a NACK. Whoever reclaims the file
 		// waited for its own changes behind first.
-		rep, err = c.send(ctx, r, nil, true, nil, 0)
+		rep, err = c.send(ctx, r, sendOpts{failOnNack: true})
 		if errors.Is(err, errRecovered) && nacks < maxReclaimNacks {
 			// NACKed again (in a cluster a failover can take a few
 			// servers): the version check alone keeps the reclaim safe
@@ -1172,13 +1172,13 @@ func (c *Client) reclaimFile(ctx context.Context, ino ids.Ino, f *dirtyFile, sen
 		// version is still the one it was based on.
 		if len(reqs) == 0 {
 			var rep *wire.Reply
-			if rep, err = c.send(ctx, &wire.Request{Op: wire.OpGetAttr, Ino: ino}, nil, true, nil, 0); err == nil &&
+			if rep, err = c.send(ctx, &wire.Request{Op: wire.OpGetAttr, Ino: ino}, sendOpts{failOnNack: true}); err == nil &&
 				(rep.Attr == nil || rep.Attr.Version != version) {
 				err = fmt.Errorf("the file changed at the server meanwhile")
 			}
 		}
 		if err == nil {
-			_, err = c.send(ctx, f.attrs, nil, true, nil, 0)
+			_, err = c.send(ctx, f.attrs, sendOpts{failOnNack: true})
 		}
 	}
 	if c.removedWhileDirty(ino, f, err) {
