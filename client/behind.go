@@ -38,8 +38,14 @@ const maxBehind = 2 * wire.MaxBatch
 // flush, a lookup, a revocation: every wait) sends it at once.
 const createHold = 20 * time.Millisecond
 
+// behind is the client's changes sent behind the caller: their queues per
+// directory, their senders, what waits for them, and the inode numbers
+// creates take (createbehind.go). It sends through its Client and keeps
+// the cache under c.mu (lock order: doc.go).
 type behind struct {
-	mu sync.Mutex
+	c       *Client
+	numbers inoPool // inode numbers for creates behind the caller
+	mu      sync.Mutex
 	// changed, if not nil, is closed at the next change of the counts
 	// below: what waiters wait on (a channel, not a sync.Cond, so that a
 	// wait gives up when its context ends).
@@ -53,7 +59,7 @@ type behind struct {
 	// pass for a removed file's
 	lost map[ids.Ino]error
 	// queued holds changes not yet sent, per directory. A directory in
-	// sending has a batch at the server (sent by its sender, sendBehind,
+	// sending has a batch at the server (sent by its sender, sendQueued,
 	// which sends what queued up meanwhile as the next batch, or by a
 	// flush); one that is not is held (createHold), until holdTimer or a
 	// wait starts its sender.
@@ -61,12 +67,18 @@ type behind struct {
 	sending   map[ids.Ino]bool
 	holdTimer *time.Timer
 	holding   bool              // holdTimer runs
-	send      func(dir ids.Ino) // Client.sendBehind
+	send      func(dir ids.Ino) // sendQueued
 }
 
 type dirName struct {
 	dir  ids.Ino
 	name string
+}
+
+func newBehind(c *Client) *behind {
+	b := &behind{c: c}
+	b.init(b.sendQueued)
+	return b
 }
 
 func (b *behind) init(send func(dir ids.Ino)) {
@@ -334,63 +346,63 @@ func (b *behind) waitAll(ctx context.Context) error {
 	return b.waitLocked(ctx, func() bool { return b.total > 0 })
 }
 
-// waitBehind runs wait, one of behind's waits, for an operation whose
+// opWait runs wait, one of behind's waits, for an operation whose
 // context is ctx (opContext).
-func (c *Client) waitBehind(ctx context.Context, wait func(context.Context) error) error {
-	wctx, cancel := c.opContext(ctx, false)
+func (b *behind) opWait(ctx context.Context, wait func(context.Context) error) error {
+	wctx, cancel := b.c.opContext(ctx, false)
 	defer cancel()
-	return c.softErr(ctx, wait(wctx))
+	return b.c.softErr(ctx, wait(wctx))
 }
 
 // waitFor makes a request wait for the changes sent behind that it could
 // observe, until ctx ends. Never called on a sender of those changes
-// (sendBehind, a flush sending a held batch), nor by anything that one
-// waits for: see the wait order in client.go.
-func (c *Client) waitFor(ctx context.Context, req *wire.Request) error {
+// (sendQueued, a flush sending a held batch), nor by anything that one
+// waits for: see the wait order in doc.go.
+func (b *behind) waitFor(ctx context.Context, req *wire.Request) error {
 	switch req.Op {
 	case wire.OpRenew, wire.OpGoodbye, wire.OpOpenSession, wire.OpStatFs, wire.OpAllocInos, wire.OpLockRelease:
 		return nil
 	case wire.OpLookup:
 		// other names of the directory are not affected
-		if err := c.behind.waitName(ctx, req.Parent, req.Name); err != nil {
+		if err := b.waitName(ctx, req.Parent, req.Name); err != nil {
 			return err
 		}
-		return c.behind.wait(ctx, req.Ino)
+		return b.wait(ctx, req.Ino)
 	}
-	return c.behind.wait(ctx, req.Ino, req.Parent, req.NewPar)
+	return b.wait(ctx, req.Ino, req.Parent, req.NewPar)
 }
 
-// removeBehind removes parent/name (the inode child; a directory for
+// remove removes parent/name (the inode child; a directory for
 // OpRmdir) in the cache and sends the removal behind the caller, if the
 // client holds parent's X lock and knows the removal succeeds; false if it
 // must be sent and waited for. It fails only if ctx ends while it waits
 // for a slot.
-func (c *Client) removeBehind(ctx context.Context, parent ids.Ino, name string, child *wire.Attr, op wire.Op) (bool, error) {
+func (b *behind) remove(ctx context.Context, parent ids.Ino, name string, child *wire.Attr, op wire.Op) (bool, error) {
 	isDir := child.Mode&syscall.S_IFMT == syscall.S_IFDIR
 	if isDir != (op == wire.OpRmdir) {
 		return false, nil
 	}
-	if err := c.waitBehind(ctx, c.behind.reserve); err != nil {
+	if err := b.opWait(ctx, b.reserve); err != nil {
 		return false, err
 	}
-	c.mu.Lock()
-	now := c.clk.Now()
-	mode, _ := c.cache.Mode(parent)
-	ok := mode == wire.LockExclusive && c.leasesValid(now) && c.cache.Opens(child.Ino) == 0 &&
-		(!isDir || c.cache.Empty(child.Ino))
+	b.c.mu.Lock()
+	now := b.c.clk.Now()
+	mode, _ := b.c.cache.Mode(parent)
+	ok := mode == wire.LockExclusive && b.c.leasesValid(now) && b.c.cache.Opens(child.Ino) == 0 &&
+		(!isDir || b.c.cache.Empty(child.Ino))
 	if ok {
-		if cur, known := c.cache.Entry(parent, name); !known || cur != child.Ino {
+		if cur, known := b.c.cache.Entry(parent, name); !known || cur != child.Ino {
 			ok = false
 		}
 	}
 	if !ok {
-		c.mu.Unlock()
-		c.behind.unreserve()
+		b.c.mu.Unlock()
+		b.unreserve()
 		return false, nil
 	}
-	c.behind.start(parent, child.Ino, name)
-	c.Counters.RemovedBehind.Add(1)
-	c.cache.Predict(parent, func(a *wire.Attr) {
+	b.start(parent, child.Ino, name)
+	b.c.Counters.RemovedBehind.Add(1)
+	b.c.cache.Predict(parent, func(a *wire.Attr) {
 		// the times the server will give it, near enough; its next
 		// reply about the directory corrects them
 		t := time.Now().UnixNano()
@@ -399,22 +411,22 @@ func (c *Client) removeBehind(ctx context.Context, parent ids.Ino, name string, 
 			a.Nlink--
 		}
 	})
-	c.cache.SetEntry(parent, name, 0)
-	c.cache.InvalidateDir(child.Ino) // its link count changed; a directory is gone
-	c.cache.Predict(child.Ino, nil)
-	c.mu.Unlock()
-	c.behind.queue(parent, &wire.Request{Op: op, Parent: parent, Name: name, Ino: child.Ino, Flags: wire.RemoveIfIno}, false)
+	b.c.cache.SetEntry(parent, name, 0)
+	b.c.cache.InvalidateDir(child.Ino) // its link count changed; a directory is gone
+	b.c.cache.Predict(child.Ino, nil)
+	b.c.mu.Unlock()
+	b.queue(parent, &wire.Request{Op: op, Parent: parent, Name: name, Ino: child.Ino, Flags: wire.RemoveIfIno}, false)
 	return true, nil
 }
 
-// sendBehind sends the changes queued for dir, in batches of what queued
+// sendQueued sends the changes queued for dir, in batches of what queued
 // up meanwhile, until none is left. Whatever it runs must not wait for a
-// change sent behind (wait order, client.go): it is the one that sends
+// change sent behind (wait order, doc.go): it is the one that sends
 // them.
-func (c *Client) sendBehind(dir ids.Ino) {
+func (b *behind) sendQueued(dir ids.Ino) {
 	ctx := context.Background()
 	for {
-		reqs, ok := c.behind.next(dir)
+		reqs, ok := b.next(dir)
 		if !ok {
 			return
 		}
@@ -423,77 +435,92 @@ func (c *Client) sendBehind(dir ids.Ino) {
 				// the server must find it empty: its own removals
 				// go first (by their directory's sender, which waits
 				// for no parent's; the caller did not wait)
-				_ = c.behind.waitEmptied(ctx, req.Ino)
+				_ = b.waitEmptied(ctx, req.Ino)
 			}
 		}
-		errs, _ := c.sendBatch(ctx, dir, reqs)
-		c.behindSent(dir, reqs, errs)
+		errs, _ := b.sendBatch(ctx, dir, reqs)
+		b.finish(dir, reqs, errs)
 	}
 }
 
-// behindSent ends the changes sent behind the caller, reqs, which met errs.
-func (c *Client) behindSent(dir ids.Ino, reqs []*wire.Request, errs []error) {
-	c.mu.Lock()
+// finish ends the changes sent behind the caller, reqs, which met errs.
+func (b *behind) finish(dir ids.Ino, reqs []*wire.Request, errs []error) {
+	b.c.mu.Lock()
 	for _, req := range reqs {
-		c.cache.Predicted(dir)
+		b.c.cache.Predicted(dir)
 		if req.Op != wire.OpCreate {
-			c.cache.Predicted(req.Ino) // the removed inode's link count
+			b.c.cache.Predicted(req.Ino) // the removed inode's link count
 		}
 	}
-	c.mu.Unlock()
+	b.c.mu.Unlock()
 	for i, req := range reqs {
 		switch err := errs[i]; {
 		case err == nil:
 		case errors.Is(err, ErrClosed):
 			// the mount stopped before a server took it
-			c.log.Error("DATA LOST: a "+req.Op.String()+" sent behind the caller did not reach the server before the mount stopped",
-				"path", c.PathOf(dir), "name", req.Name, "ino", req.Ino)
-			c.Counters.DataLost.Add(1)
+			b.c.log.Error("DATA LOST: a "+req.Op.String()+" sent behind the caller did not reach the server before the mount stopped",
+				"path", b.c.PathOf(dir), "name", req.Name, "ino", req.Ino)
+			b.c.Counters.DataLost.Add(1)
 		case req.Op == wire.OpCreate:
 			// (it should not, under the lock): what the caller
 			// writes to it fails to reach the server and is
 			// reported at close or fsync
-			c.log.Warn("a create sent behind failed at the server; the file is lost",
-				"path", c.PathOf(dir), "name", req.Name, "ino", req.Ino, "err", err)
-			c.Counters.DataLost.Add(1)
-			c.behind.failed(req.Ino, err)
+			b.c.log.Warn("a create sent behind failed at the server; the file is lost",
+				"path", b.c.PathOf(dir), "name", req.Name, "ino", req.Ino, "err", err)
+			b.c.Counters.DataLost.Add(1)
+			b.failed(req.Ino, err)
 			if wire.CodeOf(err) == wire.CodeNoSpace {
-				c.noteNoSpace()
+				b.c.noteNoSpace()
 			}
-			c.forget(dir, req.Ino)
+			b.c.forget(dir, req.Ino)
 		case gone(err):
-			c.log.Debug("a removal sent behind found the name gone", "dir", dir, "name", req.Name, "err", err)
+			b.c.log.Debug("a removal sent behind found the name gone", "dir", dir, "name", req.Name, "err", err)
 		default:
-			c.log.Warn("a removal sent behind failed at the server; the directory is read again",
-				"path", c.PathOf(dir), "name", req.Name, "err", err)
-			c.forget(dir)
+			b.c.log.Warn("a removal sent behind failed at the server; the directory is read again",
+				"path", b.c.PathOf(dir), "name", req.Name, "err", err)
+			b.c.forget(dir)
 		}
-		c.behind.done(dir, req.Ino, req.Name)
+		b.done(dir, req.Ino, req.Name)
 	}
+}
+
+// sendWithHeld sends change, a change of ino's, in one batch with the
+// held queue that ends with ino's create (takeHeld), if there is one; it
+// reports whether it sent it, and the change's reply or error.
+func (b *behind) sendWithHeld(ctx context.Context, ino ids.Ino, change *wire.Request) (bool, *wire.Reply, error) {
+	dir, queued, ok := b.takeHeld(ino)
+	if !ok {
+		return false, nil, nil
+	}
+	b.c.Counters.CreatedWithData.Add(1)
+	errs, reps := b.sendBatch(ctx, dir, append(queued[:len(queued):len(queued)], change))
+	b.finish(dir, queued, errs[:len(queued)])
+	b.sent(dir)
+	return true, reps[len(queued)], errs[len(queued)]
 }
 
 // sendBatch sends changes of dir as one request (wire.OpBatch; a single
 // change as itself) and returns each one's error and reply (nil with an
 // error).
-func (c *Client) sendBatch(ctx context.Context, dir ids.Ino, reqs []*wire.Request) ([]error, []*wire.Reply) {
+func (b *behind) sendBatch(ctx context.Context, dir ids.Ino, reqs []*wire.Request) ([]error, []*wire.Reply) {
 	errs := make([]error, len(reqs))
 	if len(reqs) == 1 {
-		rep, err := c.send(ctx, reqs[0], sendOpts{})
+		rep, err := b.c.send(ctx, reqs[0], sendOpts{})
 		errs[0] = err
 		return errs, []*wire.Reply{rep}
 	}
 	// numbered as send numbers a change, each its own: the server
 	// applies none twice when the batch is sent again
 	for _, r := range reqs {
-		r.Oldest = c.inFlight.add(&r.ReqID, r.OriginIno())
+		r.Oldest = b.c.inFlight.add(&r.ReqID, r.OriginIno())
 	}
 	defer func() {
 		for _, r := range reqs {
-			c.inFlight.done(r.ReqID)
+			b.c.inFlight.done(r.ReqID)
 		}
 	}()
-	c.Counters.BehindBatches.Add(1)
-	rep, err := c.send(ctx, &wire.Request{Op: wire.OpBatch, Parent: dir, Data: wire.AppendBatch(nil, reqs)}, sendOpts{})
+	b.c.Counters.BehindBatches.Add(1)
+	rep, err := b.c.send(ctx, &wire.Request{Op: wire.OpBatch, Parent: dir, Data: wire.AppendBatch(nil, reqs)}, sendOpts{})
 	var reps []*wire.Reply
 	if err == nil {
 		reps, err = wire.ParseBatchReplies(rep.Data, len(reqs))

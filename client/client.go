@@ -1,9 +1,3 @@
-// Package client is a mount's sessions with the leasefs servers: blocking,
-// context-taking calls that fs/ turns FUSE operations into. It numbers
-// requests, sends each to the owner of its inode (servers.go), keeps a
-// session and a client lease (lease.Client) with each server it talks to,
-// caches attributes and entries under the data locks the servers grant
-// (cache.Cache), answers revocations, and recovers after a NACK.
 package client
 
 import (
@@ -123,13 +117,13 @@ type Client struct {
 	// TTL (AttrTTL) since renewLoop last dropped them.
 	kernelCaches bool
 
-	wb        writeback
+	// the parts with state of their own (parts.go)
+	wb        writeBacker
+	behind    behindSender
+	ra        readAheader
 	maps      mappedFiles // the kernel's pages of mapped files (mapped.go)
-	ra        readAhead
-	behind    behind   // removals and creates sent behind the caller
-	inos      inoPool  // inode numbers for creates behind the caller
-	rel       releases // evicted locks to give back (evict.go)
-	recoverMu ctxMutex // one recovery at a time
+	rel       releases    // evicted locks to give back (evict.go)
+	recoverMu ctxMutex    // one recovery at a time
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	// life ends when Shutdown gives up on the servers (abort): every
@@ -141,54 +135,6 @@ type Client struct {
 
 	Counters Counters
 }
-
-// Lock and wait order.
-//
-// The client's goroutines: FUSE requests (fs/); the senders of changes sent
-// behind the caller (behind.go: sendBehind, one per directory with changes
-// queued, and a Flush that takes a held batch along, flushWithCreate); the
-// write-back's flushes (a file's mu held while its writes are sent,
-// sendWrites' workers); revocation handlers (onCallback); renewLoop
-// (renewals, flushOld); kernelLoop; the background goroutine (evict.go:
-// gives back locks the cache evicted, drops kernel caches for others);
-// prefetches (readahead.go); refillInos; reclaims of files created behind,
-// after a NACK.
-//
-// What each may wait for (besides the server, and c.mu and the other
-// mutexes below, which no one holds across a wait):
-//
-//	FUSE request      changes behind of its inodes (waitFor), a slot behind,
-//	                  a file's mu, recoverMu, a conn's open, a prefetch
-//	flush             changes behind of its file, then the file's mu
-//	revocation        changes behind of its inode, the file's mu, the kernel
-//	background        changes behind, a file's mu, the kernel
-//	sender (behind)   an rmdir's directory emptied (its children's senders),
-//	                  recoverMu, a conn's open
-//	recovery          recoverMu, a conn's open; files' mu only by tryLock
-//
-// Nothing waits for the background goroutine or a revocation handler, and
-// the server does not make a holder's requests wait for its own revocation
-// (it lets them run). What keeps the graph without a cycle:
-//
-//   - send, and all it runs (recovery, reclaim), never waits for changes
-//     sent behind nor takes a file's mu but by tryLock: it runs on the
-//     senders and on flushes holding a file's mu. waitFor runs before send
-//     (call), never inside. The locks a reply's grants push out of the
-//     cache are given back by the background goroutine (takeEvictedLocked),
-//     which waits for the inode's changes behind and flushes it first: given
-//     back by the sender that got the reply, a lock waited for that
-//     sender's own batch, and the mount hung.
-//   - The kernel's invalidation (Hooks.Invalidate) may wait for page locks
-//     held by a FUSE request, which may wait for anything above: only a
-//     revocation handler and the background goroutine call it; others hand
-//     it over (invalidateLater).
-//   - Mutexes held only around memory: c.mu before c.srv.mu, c.inos.mu,
-//     behind.mu and c.rel.mu; a file's mu before c.mu and c.wb.mu
-//     (bufferChange, retire, loseFile); c.ra.mu before c.mu (readDone);
-//     changesInFlight.mu innermost.
-//   - A wait that can hold up a FUSE request takes the request's context
-//     (opContext): deaf to FUSE interrupts but for lock waits, bounded by
-//     its caller's deadline and a soft mount's timeout.
 
 // New connects to the server, authenticates and opens a session. It fails
 // within the dial timeout with a clear error when the server is unreachable
@@ -206,7 +152,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	c.life, c.abort = context.WithCancel(context.Background())
 	c.cache.SetDataBudget(cfg.CacheBytes)
 	c.maps.gen = c.cacheGen
-	c.behind.init(c.sendBehind)
+	c.wb = newWriteBack(c)
+	c.ra = newReadAhead(c)
+	c.behind = newBehind(c)
 	c.rel.init()
 	if err := c.connect(ctx); err != nil {
 		return nil, fmt.Errorf("client: connect: %w", err)
@@ -228,9 +176,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	go c.kernelLoop()
 	go c.background()
 	// inode numbers for the first creates behind the caller
-	c.inos.mu.Lock()
-	c.askInosLocked()
-	c.inos.mu.Unlock()
+	c.behind.askInos()
 	return c, nil
 }
 
@@ -308,7 +254,7 @@ func (c *Client) Stats() Stats {
 	defer c.mu.Unlock()
 	hits, misses, n := c.cache.Stats()
 	st := Stats{Session: home.session.ID, Servers: len(c.live()), LeaseLeft: c.leaseRemaining(c.clk.Now()),
-		CachedInodes: n, CachedDataBytes: c.cache.DataBytes(), DirtyBytes: c.wb.total.Load(), Hits: hits, Misses: misses, Locks: c.cache.Locks(),
+		CachedInodes: n, CachedDataBytes: c.cache.DataBytes(), DirtyBytes: c.wb.dirtyBytes(), Hits: hits, Misses: misses, Locks: c.cache.Locks(),
 		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
 		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load(),
 		Redirects: c.Counters.Redirects.Load(), RemovedBehind: c.Counters.RemovedBehind.Load(), CreatedBehind: c.Counters.CreatedBehind.Load(), CreatedWithData: c.Counters.CreatedWithData.Load(), BehindBatches: c.Counters.BehindBatches.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),

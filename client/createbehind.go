@@ -40,8 +40,8 @@ type inoPool struct {
 }
 
 // takeIno returns a number the server handed out, or false.
-func (c *Client) takeIno() (ids.Ino, bool) {
-	p := &c.inos
+func (b *behind) takeIno() (ids.Ino, bool) {
+	p := &b.numbers
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.refused {
@@ -52,7 +52,7 @@ func (c *Client) takeIno() (ids.Ino, bool) {
 		left += int(r[1] - r[0])
 	}
 	if left < inoRange/4 {
-		c.askInosLocked()
+		b.askInosLocked()
 	}
 	if left == 0 {
 		return 0, false
@@ -68,33 +68,40 @@ func (c *Client) takeIno() (ids.Ino, bool) {
 // resetInos forgets the numbers handed out so far and asks again, after a
 // lost session: the server may have restarted as another kind (a cluster
 // member hands out none, and takes no create with one).
-func (c *Client) resetInos() {
-	p := &c.inos
+func (b *behind) resetInos() {
+	p := &b.numbers
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.ranges, p.refused = nil, false
-	c.askInosLocked()
+	b.askInosLocked()
+}
+
+// askInos asks the server for more numbers unless that is under way.
+func (b *behind) askInos() {
+	b.numbers.mu.Lock()
+	b.askInosLocked()
+	b.numbers.mu.Unlock()
 }
 
 // askInosLocked asks the server for more numbers unless that is under way;
-// called with c.inos.mu held.
-func (c *Client) askInosLocked() {
-	if !c.inos.refilling {
-		c.inos.refilling = true
-		go c.refillInos()
+// called with b.numbers.mu held.
+func (b *behind) askInosLocked() {
+	if !b.numbers.refilling {
+		b.numbers.refilling = true
+		go b.refillInos()
 	}
 }
 
-func (c *Client) refillInos() {
+func (b *behind) refillInos() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpAllocInos, Size: inoRange})
+	rep, err := b.c.Call(ctx, &wire.Request{Op: wire.OpAllocInos, Size: inoRange})
 	var first ids.Ino
 	var n uint32
 	if err == nil {
 		first, n, err = wire.ParseInoRange(rep.Data)
 	}
-	p := &c.inos
+	p := &b.numbers
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.refilling = false
@@ -102,42 +109,42 @@ func (c *Client) refillInos() {
 	case errors.Is(err, wire.Err(wire.CodeInvalid)), errors.Is(err, wire.Err(wire.CodeBadMessage)):
 		// a cluster, or a server older than OpAllocInos
 		p.refused = true
-		c.log.Info("the server hands out no inode numbers; creates wait for it", "err", err)
+		b.c.log.Info("the server hands out no inode numbers; creates wait for it", "err", err)
 	case err != nil:
-		c.log.Debug("asking for inode numbers", "err", err) // asked again at the next create
+		b.c.log.Debug("asking for inode numbers", "err", err) // asked again at the next create
 	default:
 		p.ranges = append(p.ranges, [2]ids.Ino{first, first + ids.Ino(n)})
 	}
 }
 
-// createBehind makes parent/name, a regular file, in the cache and opens
+// create makes parent/name, a regular file, in the cache and opens
 // it, and sends the create behind the caller, if the client holds parent's
 // X lock, knows the name is free and that parent has no default ACL (the
 // new file's mode is then the creator's less umask, and it inherits no
 // ACL), and has an inode number; false if the create must be sent and
 // waited for. It fails only if ctx ends while it waits for a slot.
-func (c *Client) createBehind(ctx context.Context, parent ids.Ino, name string, mode, umask, uid, gid uint32) (*wire.Attr, bool, error) {
+func (b *behind) create(ctx context.Context, parent ids.Ino, name string, mode, umask, uid, gid uint32) (*wire.Attr, bool, error) {
 	if t := mode & syscall.S_IFMT; t != 0 && t != syscall.S_IFREG || len(name) > 255 /* NAME_MAX: the server's error then */ ||
-		c.spaceShort() {
+		b.c.spaceShort() {
 		return nil, false, nil
 	}
-	if err := c.waitBehind(ctx, c.behind.reserve); err != nil {
+	if err := b.opWait(ctx, b.reserve); err != nil {
 		return nil, false, err
 	}
-	c.mu.Lock()
-	pmode, _ := c.cache.Mode(parent)
-	cur, known := c.cache.Entry(parent, name)
-	dir, cached := c.cache.Attr(parent)
+	b.c.mu.Lock()
+	pmode, _ := b.c.cache.Mode(parent)
+	cur, known := b.c.cache.Entry(parent, name)
+	dir, cached := b.c.cache.Attr(parent)
 	var ino ids.Ino
-	def, defKnown := c.cache.Xattr(parent, posixacl.DefaultName)
-	ok := pmode == wire.LockExclusive && c.leasesValid(c.clk.Now()) && known && cur == 0 && cached &&
+	def, defKnown := b.c.cache.Xattr(parent, posixacl.DefaultName)
+	ok := pmode == wire.LockExclusive && b.c.leasesValid(b.c.clk.Now()) && known && cur == 0 && cached &&
 		defKnown && def == nil
 	if ok {
-		ino, ok = c.takeIno() // last: a number taken is used
+		ino, ok = b.takeIno() // last: a number taken is used
 	}
 	if !ok {
-		c.mu.Unlock()
-		c.behind.unreserve()
+		b.c.mu.Unlock()
+		b.unreserve()
 		return nil, false, nil
 	}
 	// what the server will make of it (Store.CreateAs), times included:
@@ -148,19 +155,19 @@ func (c *Client) createBehind(ctx context.Context, parent ids.Ino, name string, 
 	if dir.Mode&syscall.S_ISGID != 0 {
 		a.Gid = dir.Gid // BSD group semantics of setgid directories
 	}
-	c.cache.Predict(parent, func(dir *wire.Attr) { dir.Mtime, dir.Ctime = t, t })
+	b.c.cache.Predict(parent, func(dir *wire.Attr) { dir.Mtime, dir.Ctime = t, t })
 	// The X lock is the client's from here; the server grants it (with a
 	// sequence number) in the create's reply.
-	c.cache.Granted(wire.Grant{Ino: ino, Mode: wire.LockExclusive})
-	c.takeEvictedLocked() // a grant may push another lock out
-	c.cache.SetAttr(a)
-	c.cache.SetNoXattrs(ino) // new: the kernel's security.capability questions need no server
-	c.cache.OpenLocally(ino)
-	c.cache.SetEntry(parent, name, ino)
-	c.behind.start(parent, ino, name)
-	c.Counters.CreatedBehind.Add(1)
-	c.mu.Unlock()
-	c.behind.queue(parent, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Ino: ino, Mode: a.Mode,
+	b.c.cache.Granted(wire.Grant{Ino: ino, Mode: wire.LockExclusive})
+	b.c.takeEvictedLocked() // a grant may push another lock out
+	b.c.cache.SetAttr(a)
+	b.c.cache.SetNoXattrs(ino) // new: the kernel's security.capability questions need no server
+	b.c.cache.OpenLocally(ino)
+	b.c.cache.SetEntry(parent, name, ino)
+	b.start(parent, ino, name)
+	b.c.Counters.CreatedBehind.Add(1)
+	b.c.mu.Unlock()
+	b.queue(parent, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Ino: ino, Mode: a.Mode,
 		Umask: umask, Uid: uid, Gid: gid, Mtime: t, Flags: wire.CreateOpen | wire.CreateIno}, true)
 	cp := *a
 	return &cp, true, nil

@@ -560,7 +560,7 @@ func (c *Client) ReadPage(ctx context.Context, ino ids.Ino, off uint64, buf []by
 	for {
 		sent := c.maps.sentSoFar(ino)
 		var from ids.ServerID // the server that answers (send)
-		n, info, err = c.read(context.WithValue(ctx, replyFromKey{}, &from), ino, off, buf, c.flushBuffered)
+		n, info, err = c.read(context.WithValue(ctx, replyFromKey{}, &from), ino, off, buf, c.wb.flushBuffered)
 		if err != nil {
 			return 0, err
 		}
@@ -761,7 +761,7 @@ const maxMappedSend = 5 * time.Minute
 // file's next fsync or close returns EIO (ENOSPC for a full disk).
 func (c *Client) lostMapped(ino ids.Ino, err error) {
 	c.Counters.DataLost.Add(1)
-	c.lost(ino, err)
+	c.wb.lost(ino, err)
 	c.log.Error("DATA LOST: the server refused pages written back from a mapping (stored under a lock since lost, "+
 		"and the file changed meanwhile; or a file too large, a full disk); the next fsync or close of the file returns EIO",
 		"path", c.PathOf(ino), "ino", ino, "err", err)

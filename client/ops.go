@@ -40,7 +40,7 @@ func (c *Client) unsent(ino ids.Ino) bool {
 	if c.behind.busy(ino) {
 		return true
 	}
-	if c.wb.file(ino, false) == nil {
+	if !c.wb.holds(ino) {
 		return false
 	}
 	c.mu.Lock()
@@ -81,7 +81,7 @@ func (c *Client) Lookup(ctx context.Context, parent ids.Ino, name string) (*wire
 		// in a directory, one link of a file) as a request naming it
 		// does: what the server said may lack them. Send them, ask again.
 		if ino := rep.Attr.Ino; attempt < 2 && c.unsent(ino) {
-			if err := c.waitBehind(ctx, func(ctx context.Context) error { return c.behind.wait(ctx, ino) }); err != nil {
+			if err := c.behind.opWait(ctx, func(ctx context.Context) error { return c.behind.wait(ctx, ino) }); err != nil {
 				return nil, err
 			}
 			if err := c.Flush(ctx, ino); err != nil {
@@ -217,7 +217,7 @@ func (c *Client) SetAttr(ctx context.Context, req *wire.Request) (*wire.Attr, er
 		return nil, wire.Errf(wire.CodeTooBig, "size %d: files end at %d", req.Size, uint64(wire.MaxFileSize))
 	}
 	if req.Valid != 0 && req.Valid&^bufferedAttrs == 0 {
-		if a, err := c.bufferAttr(ctx, req); a != nil || err != nil {
+		if a, err := c.wb.bufferAttr(ctx, req); a != nil || err != nil {
 			return a, err
 		}
 	}
@@ -245,7 +245,7 @@ func (c *Client) Create(ctx context.Context, parent ids.Ino, name string, mode, 
 // CreateOpen makes a regular file and opens it in one round trip (mode
 // and umask as Create); the caller releases it like any opened file.
 func (c *Client) CreateOpen(ctx context.Context, parent ids.Ino, name string, mode, umask, uid, gid uint32) (*wire.Attr, error) {
-	if a, ok, err := c.createBehind(ctx, parent, name, mode, umask, uid, gid); ok || err != nil {
+	if a, ok, err := c.behind.create(ctx, parent, name, mode, umask, uid, gid); ok || err != nil {
 		return a, err
 	}
 	return c.createCall(ctx, &wire.Request{Op: wire.OpCreate, Parent: parent, Name: name, Mode: mode, Umask: umask,
@@ -302,7 +302,7 @@ func (c *Client) Unlink(ctx context.Context, parent ids.Ino, name string) error 
 	}
 	child, _ := c.Lookup(ctx, parent, name)
 	if child != nil {
-		if ok, err := c.removeBehind(ctx, parent, name, child, wire.OpUnlink); ok || err != nil {
+		if ok, err := c.behind.remove(ctx, parent, name, child, wire.OpUnlink); ok || err != nil {
 			return err
 		}
 	}
@@ -346,11 +346,11 @@ func (c *Client) Rmdir(ctx context.Context, parent ids.Ino, name string) error {
 	}
 	req := &wire.Request{Op: wire.OpRmdir, Parent: parent, Name: name}
 	if child, _, ok := c.lookupCached(parent, name); ok && child != nil {
-		if ok, err := c.removeBehind(ctx, parent, name, child, wire.OpRmdir); ok || err != nil {
+		if ok, err := c.behind.remove(ctx, parent, name, child, wire.OpRmdir); ok || err != nil {
 			return err
 		}
 		req.Ino = child.Ino // waits for the removals sent behind in it
-	} else if err := c.waitBehind(ctx, c.behind.waitAll); err != nil {
+	} else if err := c.behind.opWait(ctx, c.behind.waitAll); err != nil {
 		return err // which directory it is, the cache cannot tell: all
 	}
 	_, err := c.call(ctx, req,
@@ -524,8 +524,8 @@ func (c *Client) read(ctx context.Context, ino ids.Ino, off uint64, buf []byte,
 			return ok
 		})
 	}
-	if fromCache() || c.waitPrefetch(ctx, ino, off) && fromCache() {
-		c.readDone(ino, off, n)
+	if fromCache() || c.ra.wait(ctx, ino, off) && fromCache() {
+		c.ra.readDone(ino, off, n)
 		info.cached = true
 		return n, info, nil
 	}
@@ -559,7 +559,7 @@ func (c *Client) read(ctx context.Context, ino ids.Ino, off uint64, buf []byte,
 	n = copy(buf, rep.Data[min(off-start, uint64(len(rep.Data))):])
 	// the cache and buf have their copies
 	transport.Recycle(rep.Encoded())
-	c.readDone(ino, off, n)
+	c.ra.readDone(ino, off, n)
 	return n, info, nil
 }
 

@@ -24,10 +24,18 @@ const (
 	readAheadFiles  = 1024    // sequential readers remembered
 )
 
+// readAhead is the client's read-ahead: the sequential readers it knows
+// and the prefetches in flight. It reads through its Client, into the
+// Client's cache.
 type readAhead struct {
+	c     *Client
 	mu    sync.Mutex
 	files map[ids.Ino]*readStream
 	slots chan struct{}
+}
+
+func newReadAhead(c *Client) *readAhead {
+	return &readAhead{c: c, files: map[ids.Ino]*readStream{}, slots: make(chan struct{}, readAheadSlots)}
 }
 
 // readStream is one file's reader: where its last read ended and how far
@@ -45,20 +53,19 @@ type prefetch struct {
 	done       chan struct{}
 }
 
-// waitPrefetch waits for a prefetch in flight that covers off, and reports
+// wait waits for a prefetch in flight that covers off, and reports
 // whether there was one.
-func (c *Client) waitPrefetch(ctx context.Context, ino ids.Ino, off uint64) bool {
-	ra := &c.ra
-	ra.mu.Lock()
+func (r *readAhead) wait(ctx context.Context, ino ids.Ino, off uint64) bool {
+	r.mu.Lock()
 	var done chan struct{}
-	if s := ra.files[ino]; s != nil {
+	if s := r.files[ino]; s != nil {
 		for _, p := range s.fetches {
 			if p.start <= off && off < p.end {
 				done = p.done
 			}
 		}
 	}
-	ra.mu.Unlock()
+	r.mu.Unlock()
 	if done == nil {
 		return false
 	}
@@ -74,34 +81,29 @@ func (c *Client) waitPrefetch(ctx context.Context, ino ids.Ino, off uint64) bool
 // file's last read, fetches ahead of it: up to readAheadWindow, within the
 // file's size as cached, while this client holds a data lock on it (else
 // the replies could not be cached).
-func (c *Client) readDone(ino ids.Ino, off uint64, n int) {
+func (r *readAhead) readDone(ino ids.Ino, off uint64, n int) {
 	var size uint64
-	ok := c.cached(func(ch *cache.Cache) bool {
+	ok := r.c.cached(func(ch *cache.Cache) bool {
 		mode, _ := ch.Mode(ino)
 		a, known := ch.Attr(ino)
 		if known {
 			size = a.Size
 		}
-		return mode != wire.LockNone && known && c.cfg.CacheBytes > 0
+		return mode != wire.LockNone && known && r.c.cfg.CacheBytes > 0
 	})
-	ra := &c.ra
-	ra.mu.Lock()
-	defer ra.mu.Unlock()
-	if ra.files == nil {
-		ra.files = map[ids.Ino]*readStream{}
-		ra.slots = make(chan struct{}, readAheadSlots)
-	}
-	s := ra.files[ino]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.files[ino]
 	if s == nil {
-		if len(ra.files) >= readAheadFiles {
-			for i, old := range ra.files {
+		if len(r.files) >= readAheadFiles {
+			for i, old := range r.files {
 				if len(old.fetches) == 0 {
-					delete(ra.files, i)
+					delete(r.files, i)
 				}
 			}
 		}
 		s = &readStream{}
-		ra.files[ino] = s
+		r.files[ino] = s
 	}
 	sequential := off == s.next
 	s.next = off + uint64(n)
@@ -115,34 +117,33 @@ func (c *Client) readDone(ino ids.Ino, off uint64, n int) {
 	// would otherwise each send a request as small
 	for from < limit && (limit-from >= readAheadChunk || limit == size) {
 		end := min(from+readAheadChunk, limit)
-		if c.cached(func(ch *cache.Cache) bool { return ch.HasData(ino, from, end-from) }) {
+		if r.c.cached(func(ch *cache.Cache) bool { return ch.HasData(ino, from, end-from) }) {
 			from = end // a re-read: nothing to fetch
 			continue
 		}
 		select {
-		case ra.slots <- struct{}{}:
+		case r.slots <- struct{}{}:
 		default:
 			s.ahead = from
 			return
 		}
 		p := &prefetch{start: from, end: end, done: make(chan struct{})}
 		s.fetches = append(s.fetches, p)
-		c.Counters.Prefetches.Add(1)
-		go c.fetchAhead(ino, p)
+		r.c.Counters.Prefetches.Add(1)
+		go r.fetch(ino, p)
 		from = p.end
 	}
 	s.ahead = max(s.ahead, from)
 }
 
-// fetchAhead reads [p.start, p.end) of ino into the cache. Nothing is
+// fetch reads [p.start, p.end) of ino into the cache. Nothing is
 // fetched while the file has buffered writes (the server's data lacks
 // them); a write buffered after the generation was taken makes the reply
 // uncacheable (cache.PutData).
-func (c *Client) fetchAhead(ino ids.Ino, p *prefetch) {
+func (r *readAhead) fetch(ino ids.Ino, p *prefetch) {
 	defer func() {
-		ra := &c.ra
-		ra.mu.Lock()
-		if s := ra.files[ino]; s != nil {
+		r.mu.Lock()
+		if s := r.files[ino]; s != nil {
 			for i, q := range s.fetches {
 				if q == p {
 					s.fetches = append(s.fetches[:i], s.fetches[i+1:]...)
@@ -150,23 +151,16 @@ func (c *Client) fetchAhead(ino ids.Ino, p *prefetch) {
 				}
 			}
 		}
-		ra.mu.Unlock()
+		r.mu.Unlock()
 		close(p.done)
-		<-ra.slots
+		<-r.slots
 	}()
 	var gen uint64
-	c.withCache(func(ch *cache.Cache) { gen = ch.DataGen() })
-	if f := c.wb.file(ino, false); f != nil {
-		if !f.mu.tryLock() {
-			return // being written or flushed
-		}
-		dirty := f.bytes > 0
-		f.mu.unlock()
-		if dirty {
-			return
-		}
+	r.c.withCache(func(ch *cache.Cache) { gen = ch.DataGen() })
+	if r.c.wb.buffers(ino) {
+		return
 	}
-	rep, _ := c.call(context.Background(), &wire.Request{Op: wire.OpRead, Ino: ino, Off: p.start, Size: p.end - p.start},
+	rep, _ := r.c.call(context.Background(), &wire.Request{Op: wire.OpRead, Ino: ino, Off: p.start, Size: p.end - p.start},
 		func(ch *cache.Cache, rep *wire.Reply) {
 			if rep.Code != wire.CodeOK || rep.Attr == nil {
 				return

@@ -28,7 +28,7 @@ func (c *Client) Call(ctx context.Context, req *wire.Request) (*wire.Reply, erro
 // waits for the changes sent behind that it could observe first (waitFor).
 func (c *Client) call(ctx context.Context, req *wire.Request, apply func(*cache.Cache, *wire.Reply)) (*wire.Reply, error) {
 	wctx, cancel := c.opContext(ctx, interruptible(req))
-	err := c.waitFor(wctx, req)
+	err := c.behind.waitFor(wctx, req)
 	cancel()
 	if err != nil {
 		return nil, c.softErr(ctx, err)

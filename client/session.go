@@ -99,7 +99,7 @@ func (c *Client) openSession(ctx context.Context, cn *conn) error {
 func (c *Client) recover(ctx context.Context, cn *conn, lost ids.SessionID) error {
 	dropped, err := c.renewSession(ctx, cn, lost)
 	if dropped {
-		c.reclaim(ctx)
+		c.wb.reclaim(ctx)
 	}
 	return err
 }
@@ -171,7 +171,7 @@ func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID)
 		}
 	}
 	c.Counters.Recoveries.Add(1)
-	c.resetInos()
+	c.behind.resetInos()
 	c.log.Info("recovery done: caches rebuilt on demand")
 	return dropped, nil
 }
@@ -219,7 +219,7 @@ func (c *Client) revoke(ctx context.Context, cn *conn, cb *wire.Callback) *wire.
 	if err := c.behind.wait(ctx, cb.Ino); err != nil {
 		return wire.ErrorReply(wire.Errf(wire.CodeIO, "changes sent behind before revocation: %v", err))
 	}
-	if err := c.flushBuffered(ctx, cb.Ino); err != nil {
+	if err := c.wb.flushBuffered(ctx, cb.Ino); err != nil {
 		return wire.ErrorReply(wire.Errf(wire.CodeIO, "flush before revocation: %v", err))
 	}
 	// Even if the grant has not reached the cache yet (Revoke found none):
@@ -310,7 +310,7 @@ func (c *Client) renewLoop() {
 			}
 		}
 		c.mu.Unlock()
-		c.flushOld(context.Background())
+		c.wb.flushOld(context.Background())
 		for _, cn := range due {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cn.lease.Config().Tau))
 			_, _ = c.send(ctx, &wire.Request{Op: wire.OpRenew}, sendOpts{to: cn})

@@ -53,7 +53,7 @@ func (c *Client) Shutdown(ctx context.Context) error {
 }
 
 func (c *Client) shutdown(ctx context.Context) error {
-	_ = c.FlushAll(ctx) // each failure is logged
+	_ = c.wb.flushAll(ctx) // each failure is logged
 	for _, cn := range c.live() {
 		c.mu.Lock()
 		open := cn.hasSession()
@@ -83,25 +83,7 @@ type Unsent struct {
 // Unsent lists the files whose buffered changes have not reached a
 // server, without waiting for anything.
 func (c *Client) Unsent() []Unsent {
-	c.wb.mu.Lock()
-	files := make(map[ids.Ino]*dirtyFile, len(c.wb.files))
-	for ino, f := range c.wb.files {
-		files[ino] = f
-	}
-	c.wb.mu.Unlock()
-	var out []Unsent
-	for ino, f := range files {
-		n := -1
-		if f.mu.tryLock() {
-			dirty := f.dirty()
-			n = f.bytes
-			f.mu.unlock()
-			if !dirty {
-				continue
-			}
-		}
-		out = append(out, Unsent{Ino: ino, Path: c.PathOf(ino), Bytes: n})
-	}
+	out := c.wb.unsent()
 	slices.SortFunc(out, func(a, b Unsent) int { return cmp.Compare(a.Ino, b.Ino) })
 	return out
 }

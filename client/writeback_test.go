@@ -188,23 +188,25 @@ func BenchmarkDirtyFileRandom(b *testing.B) {
 func TestRetireKeepsNewerChanges(t *testing.T) {
 	const ino = 5
 	c := &Client{cache: cache.New(10)}
+	w := newWriteBack(c)
+	c.wb = w
 	c.cache.Granted(wire.Grant{Ino: ino, Mode: wire.LockExclusive, Seq: 1})
 	c.cache.SetAttr(&wire.Attr{Ino: ino, Mode: 0o100644, Change: 1})
 	ctx := context.Background()
-	first, _ := c.wb.lockFile(ctx, ino) // a flush sends it...
-	c.retire(ino, first)
+	first, _ := w.lockFile(ctx, ino) // a flush sends it...
+	w.retire(ino, first)
 	first.mu.unlock()
-	next, _ := c.wb.lockFile(ctx, ino) // ...and a chmod is buffered since
+	next, _ := w.lockFile(ctx, ino) // ...and a chmod is buffered since
 	c.cache.SetLocal(&wire.Attr{Ino: ino, Mode: 0o600}, wire.SetMode)
 	next.mu.unlock()
 	_ = first.mu.lock(ctx) // the flush that waited for the first
-	c.retire(ino, first)
+	w.retire(ino, first)
 	first.mu.unlock()
 	if a, _ := c.cache.Attr(ino); a == nil || a.Mode&0o777 != 0o600 {
 		t.Fatalf("the chmod buffered after the first flush is gone from the cache: %+v", a)
 	}
 	_ = next.mu.lock(ctx)
-	c.retire(ino, next) // its own flush
+	w.retire(ino, next) // its own flush
 	next.mu.unlock()
 	if c.cache.LocalFields(ino) != 0 {
 		t.Fatal("buffered attributes kept after their flush")
