@@ -38,6 +38,9 @@ type Config struct {
 	CacheInodes int
 	// CacheBytes bounds the file data cached under locks (0: none).
 	CacheBytes int64
+	// Clock is what the client reads the time on and sets its timers on
+	// (the leases' times, the renewal loops); nil is clock.Real.
+	Clock clock.Clock
 }
 
 // DefaultConfig returns a hard-mount configuration.
@@ -88,7 +91,7 @@ type Client struct {
 	id  ids.ClientID
 	key *transport.ClientKey // proves id to every server (servers.go)
 	srv servers
-	clk clock.Real
+	clk clock.Clock
 	// noSpaceUntil (a clock.Time): the server refused a change for want
 	// of space, lately; until then changes go to the server as they are
 	// made (spaceShort).
@@ -147,8 +150,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, id: key.ID(), key: key, cacheGen: 1,
+	c := &Client{cfg: cfg, log: cfg.Logger, id: key.ID(), key: key, cacheGen: 1, clk: cfg.Clock,
 		cache: cache.New(cfg.CacheInodes), stop: make(chan struct{}), recoverMu: newCtxMutex()}
+	if c.clk == nil {
+		c.clk = clock.Real{}
+	}
 	c.life, c.abort = context.WithCancel(context.Background())
 	c.cache.SetDataBudget(cfg.CacheBytes)
 	c.maps.gen = c.cacheGen

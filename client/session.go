@@ -319,18 +319,26 @@ func (c *Client) renewLoop() {
 	})
 }
 
-// every calls fn every τ/16 until the client closes: often enough to act
-// inside the lease's margins.
+// every calls fn every τ/16 on the client's clock until the client closes:
+// often enough to act inside the lease's margins. A call that takes longer
+// than that is followed by the next at once, as with a ticker.
 func (c *Client) every(fn func()) {
 	defer c.wg.Done()
-	t := time.NewTicker(time.Duration(c.Session().Tau) / 16)
+	period := time.Duration(c.Session().Tau) / 16
+	next := c.clk.Now().Add(period)
+	t, fired := c.clk.NewTimer(period)
 	defer t.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
-		case <-t.C:
+		case <-fired:
 			fn()
+			now := c.clk.Now()
+			if next = next.Add(period); next.Before(now) {
+				next = now
+			}
+			t.Reset(next.Sub(now))
 		}
 	}
 }
