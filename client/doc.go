@@ -57,8 +57,8 @@
 //     (call), never inside. The locks a reply's grants push out of the
 //     cache are given back by the background goroutine (takeEvictedLocked),
 //     which waits for the inode's changes behind and flushes it first: given
-//     back by the sender that got the reply, a lock waited for that
-//     sender's own batch, and the mount hung.
+//     back by the sender that got the reply, a lock would wait for that
+//     sender's own batch.
 //   - The kernel's invalidation (Hooks.Invalidate) may wait for page locks
 //     held by a FUSE request, which may wait for anything above: only a
 //     revocation handler and the background goroutine call it; others hand

@@ -17,7 +17,7 @@ import (
 // the inode's changes sent behind and flushes its buffered writes (the
 // next holder must see them), and that goroutine may be the very sender of
 // those changes (behind.sendQueued, or a flush holding the file's lock): it
-// waited for itself, and the mount hung. The same goroutine drops the
+// would wait for itself. The same goroutine drops the
 // kernel's caches that need not go at once (Client.invalidateLater): the
 // kernel's invalidation waits for its page locks, which a FUSE request of
 // this mount may hold while it waits for the goroutine that asked.

@@ -153,13 +153,13 @@ func growExtentData(data []byte, n int) []byte {
 	return slices.Grow(data, max(n, len(data)))
 }
 
-// Slabs: a random writer's page extents, thousands per file, each took
-// fresh heap memory, and a page fault per page on first touch was a third
-// of the mount's CPU in the suite's random writes. Past slabAfter extents,
+// Slabs: a random writer makes thousands of page extents per file, and
+// fresh heap memory for each costs a page fault per page on first touch.
+// Past slabAfter extents,
 // a file's small extents are carved from pooled slabs instead; the slabs
 // go back when the file is retired. A file with few extents (most of
 // them) keeps its data on the heap, sized to it: a slab each would cost
-// an untar 64 KiB per small file.
+// 64 KiB per small file.
 const (
 	slabSize  = 64 << 10
 	slabAfter = 16

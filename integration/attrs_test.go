@@ -71,8 +71,8 @@ func statOf(t *testing.T, path string) (perm uint32, uid, gid uint32) {
 
 // checkDirAttrsKept: a chmod or chown of a directory, then a change of its
 // entries on the same mount: the mount, and another, see the new mode and
-// owner (issue 25 item 4: the change's reply carried the directory's
-// attributes from before the held-back chmod, and the mount cached them).
+// owner, though the change's reply may carry the directory's attributes
+// from before a held-back chmod, which the mount must not cache.
 // Then a user whose permission to create in the directory depends on the
 // new mode or owner is allowed or refused as the new one says.
 func checkDirAttrsKept(t *testing.T, a, b *mount) {

@@ -23,8 +23,8 @@ import (
 )
 
 // BenchmarkServerBounds prints what a server process holds (VmRSS, its
-// peak, and RssAnon: heap and stacks) for what peers can make it keep
-// (issue 26, item 4): sessions of clients that then say nothing, and a
+// peak, and RssAnon: heap and stacks) for what peers can make it keep:
+// sessions of clients that then say nothing, and a
 // flood of connections that never authenticate (silent, a wrong token, a
 // hello announcing 4 MiB). The transport's and the metadata server's tests
 // assert the bounds on what they count; this shows what the process pays.

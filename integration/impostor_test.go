@@ -36,7 +36,7 @@ func mountIDs(t *testing.T, m *mount) (ids.ClientID, ids.SessionID) {
 	return ids.ClientID(c), ids.SessionID(sess)
 }
 
-// TestImpostorCannotAckRevocations (issue 26, item 3): a token holder
+// TestImpostorCannotAckRevocations: a token holder
 // that learnt a mount's client id (the admin endpoint lists them) connects
 // under it and acknowledges every revocation without flushing anything.
 // The real mount must still get its revocations: it reads what another
@@ -98,7 +98,7 @@ func TestImpostorCannotAckRevocations(t *testing.T) {
 	}
 }
 
-// TestSilentMountSwept (issue 26, item 4c): a mount silent for longer
+// TestSilentMountSwept: a mount silent for longer
 // than τ(1+δ) and the sweep's margin (stopped here) loses its session to
 // the server's sweep: its locks go without a revocation, so another mount
 // writes its file at once; when it resumes it gets a NACK, recovers, and

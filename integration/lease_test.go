@@ -1,6 +1,6 @@
 package integration
 
-// Client-lease tests (issue 4) with real processes: a frozen client is failed
+// Client-lease tests with real processes: a frozen client is failed
 // and its locks stolen after τ(1+δ) plus the delivery timeout; a brief cut
 // costs nothing; a server restart is recovered through NACKs; the tools pass
 // over a lossy network; a soft mount fails with EIO instead of hanging.

@@ -11,7 +11,7 @@ import (
 	"github.com/leasefs/leasefs/internal/testnet"
 )
 
-// The performance suite on a cluster of three servers (issue 6), against
+// The performance suite on a cluster of three servers, against
 // one server and go-fuse's loopback in the same run:
 //
 //	go test ./integration -run '^$' -bench PerfCluster -benchtime 3x -timeout 60m

@@ -22,12 +22,12 @@ import (
 	"github.com/leasefs/leasefs/internal/testnet"
 )
 
-// The performance suite of issue 8 (and the benchmark of issue 2). Run it with
+// The performance suite. Run it with
 //
 //	go test ./integration -run '^$' -bench 'Perf$' -benchmem -benchtime 1x
 //
 // (-benchtime 3x runs three interleaved passes and reports medians;
-// LEASEFS_PERF_FULL=1 uses the issue's full sizes). Each workload runs on a
+// LEASEFS_PERF_FULL=1 uses the full sizes). Each workload runs on a
 // leasefs mount (server data directory on tmpfs) and on go-fuse's loopback
 // over a tmpfs directory with FUSE passthrough off (each served by a process
 // of its own), in the same run; the ratio is loopback time / leasefs time,
@@ -47,7 +47,7 @@ var (
 	// perfDefault keeps the whole suite under about three minutes here.
 	perfDefault = perfSizes{seqMiB: []int{128}, randMiB: 64, randOps: 4000, files: 2000,
 		tarSubdirs: []string{"encoding", "archive", "go", "net"}}
-	// perfFull is issue 8's table plus issue 2's 256 MiB rows.
+	// perfFull is the full table, with 512 and 256 MiB sequential rows.
 	perfFull = perfSizes{seqMiB: []int{512, 256}, randMiB: 256, randOps: 20000, files: 10000}
 )
 

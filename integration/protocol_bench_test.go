@@ -22,14 +22,13 @@ import (
 	"github.com/leasefs/leasefs/transport"
 )
 
-// Benchmarks of the protocol costs (issue 3's benchmark bullet, issue 8's
-// "benchmarks for the protocol costs"). Run them with
+// Benchmarks of the protocol costs. Run them with
 //
 //	go test ./integration -run '^$' -bench 'RequestRate|LockPingPong|CachedStat|Reread' -benchtime 1x
 //
 // Each b.N iteration is one fixed-size pass, so -benchtime 1x is one pass and
 // -benchtime 3x three; the metrics are over all passes of the last call.
-// LEASEFS_PERF_FULL=1 uses issue 3's sizes (10,000 files, 256 MiB) and
+// LEASEFS_PERF_FULL=1 uses the full sizes (10,000 files, 256 MiB) and
 // longer request and ping-pong runs.
 
 var perfFullSizes = os.Getenv("LEASEFS_PERF_FULL") == "1"
@@ -288,7 +287,7 @@ func BenchmarkCachedStat(b *testing.B) {
 	b.ReportMetric(float64(ll.Nanoseconds())/float64(n), "late-ns/stat")
 	b.ReportMetric(float64(lp.Nanoseconds())/float64(n), "late-loopback-ns/stat")
 	b.ReportMetric(lp.Seconds()/ll.Seconds(), "late-ratio")
-	// issue 3: a client alone with its files makes no server round trip
+	// a client alone with its files makes no server round trip
 	// for cached stats (the admin endpoint's HTTP reads are not counted).
 	b.ReportMetric(float64(reqs)/float64(b.N*n), "server-req/stat")
 	b.ReportMetric(float64(lateReqs)/float64(b.N*n), "late-server-req/stat")
@@ -296,8 +295,7 @@ func BenchmarkCachedStat(b *testing.B) {
 
 // BenchmarkReread writes a file, reads it fully once and times a second
 // full read (1 MiB reads, each chunk checked), on leasefs and on the
-// loopback. ratio = loopback time / leasefs time; issue 3's target is 0.9
-// and issue 8's 1.0.
+// loopback. ratio = loopback time / leasefs time; the target is 1.0.
 func BenchmarkReread(b *testing.B) {
 	m, s := startProtoLeasefs(b)
 	loop := mountLoopback(b)

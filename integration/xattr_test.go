@@ -134,7 +134,7 @@ func getxattr(path, name string) (string, error) {
 	return string(buf[:n]), nil
 }
 
-// TestXattrCache (issue 25 item 7): ls -l asks for two extended attributes
+// TestXattrCache: ls -l asks for two extended attributes
 // of every file, which a mount caches with their absence under the file's
 // lock: a repeated ls -l of 500 files on a second mount costs the server
 // a few requests, not two per file, and no error (a missing attribute is

@@ -240,14 +240,11 @@ func readBody(r io.Reader, n int, progress func(body []byte), chunk func()) ([]b
 }
 
 // Bodies from pooledBodyMin up to pooledBodyCap bytes (a megabyte of file
-// data and the message around it) are read into pooled buffers: fresh
-// memory costs a page fault per 4 KiB on first touch: the copy of a
-// write's data out of QUIC was a quarter of the server's profile in a
-// sequential write. Whoever owns such a body and is done with it gives it
-// back with Recycle. The buffers come in a few sizes, each at most twice
-// its bodies: a batch of small files' writes (tens of KiB) in a megabyte
-// buffer cost the server a megabyte to clear each time it was not given
-// back.
+// data and the message around it) are read into pooled buffers, as fresh
+// memory costs a page fault per 4 KiB on first touch. Whoever owns such a
+// body and is done with it gives it back with Recycle. The buffers come
+// in a few sizes, each at most twice its bodies, so that a small body not
+// given back does not cost a megabyte buffer to clear.
 const (
 	pooledBodyMin = 64 << 10
 	pooledBodyCap = 1<<20 + 64<<10

@@ -62,9 +62,8 @@ func runMount(argv []string) error {
 		// twice their size. The limit leaves room above them (cached
 		// inodes cost up to ~2 KiB each with their names and owners,
 		// buffered writes up to client.DirtyBudget): a limit just above
-		// the live heap makes the collector run without pause (the full
-		// suite's untar took 20 s instead of 13 with only 256 MiB above
-		// the data cache). Whole cached pages live outside the Go heap
+		// the live heap makes the collector run without pause, hence
+		// 256 MiB more. Whole cached pages live outside the Go heap
 		// (package pagemem), files' short last pages inside: the data
 		// cache counts here too, as it may be all short pages.
 		rtdebug.SetMemoryLimit(cfg.CacheBytes + int64(cfg.CacheInodes)<<11 + client.DirtyBudget + 256<<20)
@@ -98,7 +97,5 @@ func runMount(argv []string) error {
 // work per request is short and handed between goroutines (FUSE reader,
 // QUIC connection, sender), and with a P per CPU each hand-off may wake an
 // idle thread that then spins for work, on the CPUs the applications
-// need. Measured on 2 CPUs shared with the application and the server, 1
-// instead of 2: create −20 %, unlink and rm -rf −10 to −20 %; appends,
-// sequential writes and reads no slower.
+// need. Bulk reads and writes are no slower with half.
 func mountCPUs() int { return max(1, runtime.GOMAXPROCS(0)/2) }

@@ -1,13 +1,11 @@
 // Package pagemem hands out fixed-size pages carved from large slabs that
 // the kernel may back with transparent huge pages (MADV_HUGEPAGE).
 //
-// Why: a mount caches file data page by page. Fresh memory costs a page
-// fault per 4 KiB on first touch, and on a virtual machine a fault can cost
-// ten microseconds (measured here: 12 µs; with huge pages, one fault per
-// 2 MiB). A cache that fills at hundreds of MB/s spent more time in those
-// faults than in copying. Pages go back to a free list, never to the
-// system: the caller bounds how many are in use (the cache's data budget),
-// and that bounds the slabs.
+// Why: a mount caches file data page by page, and fresh memory costs a
+// page fault per 4 KiB on first touch (with huge pages, one per 2 MiB);
+// on a virtual machine a fault can cost more than copying the page. Pages
+// go back to a free list, never to the system: the caller bounds how many
+// are in use (the cache's data budget), and that bounds the slabs.
 //
 // A Pool is not safe for concurrent use; the cache uses it under its lock.
 package pagemem

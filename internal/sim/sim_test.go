@@ -41,7 +41,7 @@ func parseUnsafe(t *testing.T, s string) paxos.Unsafe {
 	return u
 }
 
-// seedCount is 10,000 (issue 5: the normal run covers at least that many),
+// seedCount is 10,000 (the normal run covers at least that many),
 // 500 with -short, or LEASEFS_SEEDS=n.
 func seedCount() int {
 	if v, err := strconv.Atoi(os.Getenv("LEASEFS_SEEDS")); err == nil && v > 0 {
