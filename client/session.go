@@ -319,12 +319,15 @@ func (c *Client) renewLoop() {
 	})
 }
 
-// every calls fn every τ/16 on the client's clock until the client closes:
-// often enough to act inside the lease's margins. A call that takes longer
-// than that is followed by the next at once, as with a ticker.
-func (c *Client) every(fn func()) {
+// every calls fn every τ/16 until the client closes: often enough to act
+// inside the lease's margins.
+func (c *Client) every(fn func()) { c.tick(time.Duration(c.Session().Tau)/16, fn) }
+
+// tick calls fn every period on the client's clock until the client
+// closes. A call that takes longer than a period is followed by the next
+// at once, as with a ticker.
+func (c *Client) tick(period time.Duration, fn func()) {
 	defer c.wg.Done()
-	period := time.Duration(c.Session().Tau) / 16
 	next := c.clk.Now().Add(period)
 	t, fired := c.clk.NewTimer(period)
 	defer t.Stop()
