@@ -1,16 +1,13 @@
 package metaserver
 
 import (
-	"cmp"
 	"context"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/locks"
 	"github.com/leasefs/leasefs/metaserver/store"
-	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -182,13 +179,45 @@ func (s *Server) removal(ctx context.Context, sess *session, r *wire.Request, fn
 	return s.withChild(ctx, sess, r.Parent, r.Name, locks.Exclusive, locks.Exclusive, fn)
 }
 
-// dispatch executes one request against the store under the data locks it
+// request is one client request on its way through a handler: the session
+// it came in, the store it changes (recording the change's origin) and the
+// time its changes are stamped with.
+type request struct {
+	ctx  context.Context
+	sess *session
+	r    *wire.Request
+	st   *store.Store
+	now  int64
+}
+
+// opHandler executes one kind of request under the data locks it needs.
+type opHandler func(s *Server, q *request) *wire.Reply
+
+// opHandlers maps each operation to its handler, from the tables of each
+// kind (ops_ns.go, ops_data.go, ops_xattr.go, ops_locks.go).
+var opHandlers = func() (t [256]opHandler) {
+	for _, kind := range []map[wire.Op]opHandler{sessionOps, namespaceOps, dataOps, xattrOps, lockOps} {
+		for op, h := range kind {
+			if t[op] != nil {
+				panic("metaserver: two handlers for " + op.String())
+			}
+			t[op] = h
+		}
+	}
+	return t
+}()
+
+var sessionOps = map[wire.Op]opHandler{
+	wire.OpRenew:   func(*Server, *request) *wire.Reply { return &wire.Reply{} },
+	wire.OpGoodbye: (*Server).opGoodbye,
+}
+
+// execute executes one request against the store under the data locks it
 // needs.
-func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *wire.Reply {
-	now := time.Now().UnixNano()
-	st := s.store
+func (s *Server) execute(ctx context.Context, sess *session, r *wire.Request) *wire.Reply {
+	q := &request{ctx: ctx, sess: sess, r: r, st: s.store, now: time.Now().UnixNano()}
 	if o, ok := changeOrigin(sess, r); ok {
-		st = st.For(o)
+		q.st = q.st.For(o)
 	}
 	if s.owner != nil {
 		if rep := s.owner.Redirect(r); rep != nil {
@@ -200,312 +229,23 @@ func (s *Server) dispatch(ctx context.Context, sess *session, r *wire.Request) *
 		// request can remove the file
 		s.openHandle(sess, r.Ino, int(r.Opens))
 	}
-	switch r.Op {
-	case wire.OpRenew:
-		return &wire.Reply{}
-	case wire.OpGoodbye:
-		s.mu.Lock()
-		if s.sessions[sess.client] == sess {
-			delete(s.sessions, sess.client)
-		}
-		s.mu.Unlock()
-		s.forgetSession(sess)
-		s.lm.forgetClient(sess.client)
-		s.log.Info("session closed by client", "client", sess.client, "session", sess.id)
-		return &wire.Reply{}
-	case wire.OpLookup:
-		return s.withChild(ctx, sess, r.Parent, r.Name, locks.Shared, locks.Shared, func() *wire.Reply {
-			return attrReply(st.Lookup(r.Parent, r.Name))
-		})
-	case wire.OpGetAttr:
-		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply { return attrReply(st.GetAttr(r.Ino)) })
-	case wire.OpSetAttr:
-		in := setAttrIn(r)
-		return s.underLocks(ctx, sess, exclusive(r.Ino), s.once(sess, r, func() *wire.Reply { return attrReply(st.SetAttr(r.Ino, in, now)) }))
-	case wire.OpCreate, wire.OpMkdir, wire.OpSymlink:
-		// The child too, if the name exists (a create that opens it,
-		// EEXIST, or a resend answered from it): in a cluster it must be
-		// recovered here before it is read.
-		replayed := false
-		var newLock *wire.Grant
-		made := func() *wire.Reply {
-			if rep, ok := s.replayed(sess, r); ok {
-				replayed = true
-				return rep
-			}
-			st := st.WithUmask(r.Umask)
-			switch r.Op {
-			case wire.OpCreate:
-				var a store.Attr
-				var err error
-				if r.Flags&wire.CreateIno != 0 {
-					// the times the client answered its caller with
-					a, err = st.CreateAs(r.Ino, r.Parent, r.Name, r.Mode, r.Uid, r.Gid, cmp.Or(max(r.Mtime, 0), now))
-				} else {
-					a, err = st.Create(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, r.Rdev, now)
-				}
-				if err == nil && r.Flags&wire.CreateOpen != 0 {
-					// The creator counts the open itself if it gets the
-					// new file's lock with the reply (cache.OpenLocally);
-					// else it is counted here, while the parent's X lock
-					// keeps anyone from unlinking the new file.
-					if g, ok := s.lockNew(ctx, sess, a.Ino); ok {
-						newLock = &g
-					} else {
-						s.openHandle(sess, a.Ino, 1)
-					}
-				}
-				return s.withDirAttr(attrReply(a, err), r)
-			case wire.OpMkdir:
-				return s.withDirAttr(attrReply(st.Mkdir(r.Parent, r.Name, r.Mode, r.Uid, r.Gid, now)), r)
-			}
-			return s.withDirAttr(attrReply(st.Symlink(r.Parent, r.Name, r.Target, r.Uid, r.Gid, now)), r)
-		}
-		var rep *wire.Reply
-		if sentBehind(r) {
-			// made behind the client's caller under its X lock on the
-			// directory: the name was free, and the client has its
-			// attributes and the directory's (no store reads for them)
-			rep = s.underLocks(ctx, sess, exclusive(r.Parent), made)
-		} else {
-			rep = s.withChild(ctx, sess, r.Parent, r.Name, locks.Shared, locks.Exclusive, made)
-		}
-		createOpen := r.Op == wire.OpCreate && r.Flags&wire.CreateOpen != 0
-		switch {
-		case newLock != nil:
-			rep.Grants = append(rep.Grants, *newLock)
-		case rep.Attr == nil:
-		case !replayed && !createOpen:
-			// The creator may cache the new inode at once, as new
-			// (no extended attributes): nobody else can know it yet,
-			// so this never waits. Not for a resend answered from the
-			// current state: others may have known it meanwhile.
-			if g, ok := s.lockNew(ctx, sess, rep.Attr.Ino); ok {
-				rep.Grants = append(rep.Grants, g)
-			}
-		case replayed && createOpen:
-			// a resend: the reply grants no lock, so the client takes
-			// the open as counted here (if the first execution counted
-			// it too, the file outlives an unlink until the session ends)
-			s.openHandle(sess, rep.Attr.Ino, 1)
-		}
-		if sentBehind(r) {
-			// the client has the attributes, and may have changed them
-			// since (buffered writes)
-			rep.Attr = nil
-		}
-		return rep
-	case wire.OpAllocInos:
-		if s.owner != nil {
-			// a new inode's owner acquires it as it makes it (onAlloc)
-			return wire.ErrorReply(wire.Errf(wire.CodeInvalid, "a cluster server hands out no inode numbers"))
-		}
-		n := min(max(r.Size, 1), wire.MaxInoRange)
-		first, err := s.store.AllocInos(n)
-		if err != nil {
-			return wire.ErrorReply(err)
-		}
-		return &wire.Reply{Data: wire.AppendInoRange(nil, first, uint32(n))}
-	case wire.OpReadlink:
-		if s.owner != nil {
-			if err := s.owner.OwnAll(ctx, []ids.Ino{r.Ino}); err != nil {
-				return wire.ErrorReply(err)
-			}
-		}
-		t, err := st.Readlink(r.Ino)
-		if err != nil {
-			return wire.ErrorReply(err)
-		}
-		return &wire.Reply{Data: []byte(t)}
-	case wire.OpLink:
-		return s.underLocks(ctx, sess, exclusive(r.Ino, r.NewPar), s.once(sess, r, func() *wire.Reply {
-			return s.withDirAttr(attrReply(st.Link(r.Ino, r.NewPar, r.Name, now)), r)
-		}))
-	case wire.OpUnlink:
-		return s.removal(ctx, sess, r, s.once(sess, r, func() *wire.Reply {
-			if rep := s.namesOther(r); rep != nil {
-				return rep
-			}
-			a, purged, err := st.Unlink(r.Parent, r.Name, now, s.unopened)
-			if err == nil && !purged {
-				s.removed(&a)
-			}
-			return s.withDirAttr(errReply(err), r)
-		}))
-	case wire.OpRmdir:
-		return s.removal(ctx, sess, r, s.once(sess, r, func() *wire.Reply {
-			if rep := s.namesOther(r); rep != nil {
-				return rep
-			}
-			return s.withDirAttr(errReply(st.Rmdir(r.Parent, r.Name, now)), r)
-		}))
-	case wire.OpRename:
-		for attempt := 0; ; attempt++ {
-			moved, target := s.child(r.Parent, r.Name), s.child(r.NewPar, r.NewName)
-			var changed bool
-			rep := s.underLocks(ctx, sess, exclusive(r.Parent, r.NewPar, moved, target), func() *wire.Reply {
-				if attempt < 5 && (s.child(r.Parent, r.Name) != moved || s.child(r.NewPar, r.NewName) != target) {
-					changed = true
-					return &wire.Reply{}
-				}
-				if rep, ok := s.replayed(sess, r); ok {
-					return rep
-				}
-				replaced, err := st.Rename(r.Parent, r.Name, r.NewPar, r.NewName, r.Flags, now)
-				if err == nil {
-					s.removed(replaced)
-				}
-				return errReply(err)
-			})
-			if !changed {
-				return rep
-			}
-		}
-	case wire.OpReadDir:
-		max := int(r.Size)
-		if max <= 0 || max > wire.MaxEntries {
-			max = wire.MaxEntries
-		}
-		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply {
-			ents, err := st.ReadDir(r.Ino, r.Off, max)
-			if err != nil {
-				return wire.ErrorReply(err)
-			}
-			out := make([]wire.DirEntry, len(ents))
-			for i, e := range ents {
-				out[i] = wire.DirEntry{Name: e.Name, Ino: e.Ino, Mode: e.Mode, Off: e.Off}
-			}
-			return &wire.Reply{Entries: out}
-		})
-	case wire.OpOpen:
-		want := shared(r.Ino)
-		if r.Flags&syscall.O_TRUNC != 0 {
-			want = exclusive(r.Ino)
-		}
-		return s.underLocks(ctx, sess, want, func() *wire.Reply {
-			// Count the handle before reading the inode: once counted,
-			// an unlink elsewhere can no longer purge it.
-			if !s.openHandle(sess, r.Ino, 1) {
-				return wire.ErrorReply(errNotFound)
-			}
-			a, err := st.GetAttr(r.Ino)
-			if err != nil {
-				s.releaseHandle(sess, r.Ino)
-				return wire.ErrorReply(err)
-			}
-			if r.Flags&syscall.O_TRUNC != 0 && a.Mode&syscall.S_IFMT == syscall.S_IFREG && a.Size > 0 {
-				if a, err = st.SetAttr(r.Ino, store.SetAttrIn{Valid: wire.SetSize}, now); err != nil {
-					s.releaseHandle(sess, r.Ino)
-					return wire.ErrorReply(err)
-				}
-			}
-			return &wire.Reply{Attr: toWire(a)}
-		})
-	case wire.OpRelease:
-		s.releaseHandle(sess, r.Ino)
-		return &wire.Reply{}
-	case wire.OpRead:
-		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply {
-			// a pooled buffer, which handle gives back once the reply
-			// is encoded: a fresh megabyte per read cost a page fault
-			// per 4 KiB when the store copied into it
-			data, a, err := st.ReadWithAttr(r.Ino, r.Off, int(min(r.Size, wire.MaxData)), transport.Buffer)
-			if err != nil {
-				return wire.ErrorReply(err)
-			}
-			if data == nil {
-				data = []byte{}
-			}
-			return &wire.Reply{Data: data, Attr: toWire(a)}
-		})
-	case wire.OpWrite:
-		return s.underLocks(ctx, sess, exclusive(r.Ino), func() *wire.Reply {
-			mu := &s.writeMu[r.Ino%ids.Ino(len(s.writeMu))]
-			mu.Lock()
-			defer mu.Unlock()
-			if rep, ok := s.replayed(sess, r); ok {
-				return rep
-			}
-			if r.Flags&wire.WriteIfVersion != 0 {
-				a, err := st.GetAttr(r.Ino)
-				if err != nil {
-					return wire.ErrorReply(err)
-				}
-				if a.Version != r.Version {
-					return wire.ErrorReply(wire.Errf(wire.CodeStale,
-						"file changed since the buffered writes were made (version %d, not %d)", a.Version, r.Version))
-				}
-			}
-			if r.Flags&wire.WriteAppend != 0 {
-				if r.Spans != nil {
-					return wire.ErrorReply(wire.Errf(wire.CodeInvalid, "an append cannot be a vectored write"))
-				}
-				return attrReply(st.Append(r.Ino, r.Data, setAttrIn(r), now))
-			}
-			spans := r.Spans
-			if spans == nil {
-				spans = store.SpanAt(r.Off, r.Data)
-			}
-			return attrReply(st.WriteSetAttr(r.Ino, spans, r.Data, setAttrIn(r), now))
-		})
-	case wire.OpFsync:
-		return errReply(st.Sync())
-	case wire.OpStatFs:
-		fs, err := st.StatFs()
-		if err != nil {
-			return wire.ErrorReply(err)
-		}
-		return &wire.Reply{StatFs: &wire.StatFs{Blocks: fs.Blocks, Bfree: fs.Bfree, Bavail: fs.Bavail,
-			Files: fs.Files, Ffree: fs.Ffree, Bsize: fs.Bsize, NameLen: fs.NameLen}}
-	case wire.OpGetXattr:
-		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply {
-			v, err := st.GetXattr(r.Ino, r.Name)
-			if err != nil {
-				return wire.ErrorReply(err)
-			}
-			if v == nil {
-				v = []byte{}
-			}
-			return &wire.Reply{Data: v}
-		})
-	case wire.OpSetXattr:
-		return s.underLocks(ctx, sess, exclusive(r.Ino), s.once(sess, r, func() *wire.Reply {
-			return errReply(st.SetXattr(r.Ino, r.Name, r.Data, r.Flags, now))
-		}))
-	case wire.OpListXattr:
-		return s.underLocks(ctx, sess, shared(r.Ino), func() *wire.Reply {
-			names, err := st.ListXattr(r.Ino)
-			if err != nil {
-				return wire.ErrorReply(err)
-			}
-			if names == nil {
-				names = []string{}
-			}
-			return &wire.Reply{Names: names}
-		})
-	case wire.OpRemoveXattr:
-		return s.underLocks(ctx, sess, exclusive(r.Ino), s.once(sess, r, func() *wire.Reply {
-			return errReply(st.RemoveXattr(r.Ino, r.Name, now))
-		}))
-	case wire.OpLockRelease:
-		s.lm.release(sess.client, r.Ino, locks.Mode(r.LockMode), r.Version)
-		return &wire.Reply{}
-	case wire.OpPosixLock:
-		if r.Flags&wire.PosixReleaseOwner != 0 {
-			s.lm.releaseOwner(sess.client, r.Lk.Owner, r.Ino)
-			return &wire.Reply{}
-		}
-		if r.Lk.Type != uint8(locks.Unlock) && !s.exists(r.Ino) {
-			// a lock table entry for an inode that is not
-			return wire.ErrorReply(errNotFound)
-		}
-		lk, err := s.lm.posixLock(ctx, sess.client, r.Ino, r.Lk)
-		if err != nil {
-			return wire.ErrorReply(err)
-		}
-		return &wire.Reply{Lk: lk}
+	if h := opHandlers[r.Op]; h != nil {
+		return h(s, q)
 	}
 	return wire.ErrorReply(wire.Errf(wire.CodeNotSupported, "operation %v", r.Op))
+}
+
+func (s *Server) opGoodbye(q *request) *wire.Reply {
+	sess := q.sess
+	s.mu.Lock()
+	if s.sessions[sess.client] == sess {
+		delete(s.sessions, sess.client)
+	}
+	s.mu.Unlock()
+	s.forgetSession(sess)
+	s.lm.forgetClient(sess.client)
+	s.log.Info("session closed by client", "client", sess.client, "session", sess.id)
+	return &wire.Reply{}
 }
 
 // namesOther refuses a removal with RemoveIfIno whose name no longer
@@ -575,8 +315,8 @@ func (s *Server) lockNew(ctx context.Context, sess *session, ino ids.Ino) (wire.
 	return wire.Grant{Ino: h.grant.Ino, Mode: wire.LockExclusive, Seq: h.grant.Seq}, true
 }
 
-// once runs fn unless the store already applied r (replayed).
-func (s *Server) once(sess *session, r *wire.Request, fn func() *wire.Reply) func() *wire.Reply {
+// unlessReplayed runs fn unless the store already applied r (replayed).
+func (s *Server) unlessReplayed(sess *session, r *wire.Request, fn func() *wire.Reply) func() *wire.Reply {
 	return func() *wire.Reply {
 		if rep, ok := s.replayed(sess, r); ok {
 			return rep

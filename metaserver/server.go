@@ -401,7 +401,7 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	if req.Op == wire.OpBatch {
 		rep = s.batch(ctx, sess, req)
 	} else {
-		rep = s.dispatch(ctx, sess, req)
+		rep = s.execute(ctx, sess, req)
 		s.account(sess, req, rep)
 	}
 	// Only Data points into the body, and the store copied it (badger's
@@ -485,7 +485,7 @@ func (s *Server) batch(ctx context.Context, sess *session, req *wire.Request) *w
 	for _, sub := range subs {
 		// a client that followed redirects long enough asks for the batch
 		sub.NoRedirect = sub.NoRedirect || req.NoRedirect
-		rep := s.dispatch(ctx, sess, sub)
+		rep := s.execute(ctx, sess, sub)
 		s.account(sess, sub, rep)
 		switch rep.Code {
 		case wire.CodeNack, wire.CodeRedirect, wire.CodeUnavailable:

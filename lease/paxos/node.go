@@ -494,58 +494,72 @@ func (n *Node) onResponse(now clock.Time, from ids.ServerID, e Entry) {
 	case e.Kind == KindPrepareReject || e.Kind == KindProposeReject:
 		n.fail(now, p)
 	case e.Kind == KindPromise && p.phase == preparing:
-		if !p.vote(from, n.cfg.Unsafe.CountDuplicates) {
-			return
-		}
-		if e.Owner != 0 {
-			// Our own reported lease is open only when renewing exactly it
-			// (audit rule); anything else live blocks this response. A
-			// quorum of open responses still suffices: any rival's accept
-			// quorum intersects it.
-			open := e.Owner == n.cfg.ID && (n.cfg.Unsafe.OwnLeaseAlwaysOpen ||
-				p.renewal && ids.Epoch(e.Aux) == p.heldBallot && n.owns(now, p))
-			if !open {
-				p.nvotes--
-				p.nblocked++
-				if p.nblocked > len(n.cfg.Peers)-n.quorum {
-					n.failBlocked(now, p)
-				}
-				return
-			}
-		}
-		if p.nvotes < n.quorum {
-			return
-		}
-		p.phase = proposing
-		p.resetVotes()
-		if n.cfg.Unsafe.DeadlineFromQuorum {
-			p.sentAt, p.deadline = now, now.Add(n.lease)
-			n.wake(p.deadline)
-		}
-		n.broadcast(Entry{Kind: KindPropose, Ino: e.Ino, Ballot: p.ballot, Owner: n.cfg.ID})
+		n.onPromise(now, from, e, p)
 	case e.Kind == KindAccepted && p.phase == proposing:
-		if !p.vote(from, n.cfg.Unsafe.CountDuplicates) || p.nvotes < n.quorum {
-			return
+		n.onAccepted(now, from, e, p)
+	}
+}
+
+// onPromise counts a promise for the attempt p in its prepare phase, and
+// proposes once a quorum promised with no live lease in the way.
+func (n *Node) onPromise(now clock.Time, from ids.ServerID, e Entry, p *proposal) {
+	if !p.vote(from, n.cfg.Unsafe.CountDuplicates) {
+		return
+	}
+	if e.Owner != 0 && !n.leaseOpen(now, e, p) {
+		p.nvotes--
+		p.nblocked++
+		if p.nblocked > len(n.cfg.Peers)-n.quorum {
+			n.failBlocked(now, p)
 		}
-		// an extension counts only now, after a fresh accept quorum (audit rule)
-		until := p.sentAt.Add(n.lease)
-		if !p.renewal || !n.owns(now, p) {
-			p.epoch = p.ballot
-			n.events = append(n.events, Event{Acquired, e.Ino, p.epoch})
-		}
-		p.heldBallot, p.heldUntil = p.ballot, max(until, p.heldUntil)
-		p.phase = idle
-		p.resetVotes()
-		n.wake(p.heldUntil)
-		n.wakeRound(now)
-		if !now.Before(p.heldUntil) {
-			return // compare before subtracting (audit rule)
-		}
-		left := p.heldUntil.Sub(now)
-		for _, peer := range n.cfg.Peers {
-			if peer != n.cfg.ID {
-				n.send(peer, Entry{Kind: KindLearn, Ino: e.Ino, Ballot: p.heldBallot, Owner: n.cfg.ID, Aux: uint64(left)})
-			}
+		return
+	}
+	if p.nvotes < n.quorum {
+		return
+	}
+	p.phase = proposing
+	p.resetVotes()
+	if n.cfg.Unsafe.DeadlineFromQuorum {
+		p.sentAt, p.deadline = now, now.Add(n.lease)
+		n.wake(p.deadline)
+	}
+	n.broadcast(Entry{Kind: KindPropose, Ino: e.Ino, Ballot: p.ballot, Owner: n.cfg.ID})
+}
+
+// leaseOpen reports whether the live lease a promise reports leaves the
+// attempt p free to go on. Our own reported lease is open only when
+// renewing exactly it (audit rule); anything else live blocks this
+// response. A quorum of open responses still suffices: any rival's accept
+// quorum intersects it.
+func (n *Node) leaseOpen(now clock.Time, e Entry, p *proposal) bool {
+	return e.Owner == n.cfg.ID && (n.cfg.Unsafe.OwnLeaseAlwaysOpen ||
+		p.renewal && ids.Epoch(e.Aux) == p.heldBallot && n.owns(now, p))
+}
+
+// onAccepted counts an accept for the attempt p in its propose phase; at a
+// quorum the lease is ours (or extended), and the other servers learn it.
+func (n *Node) onAccepted(now clock.Time, from ids.ServerID, e Entry, p *proposal) {
+	if !p.vote(from, n.cfg.Unsafe.CountDuplicates) || p.nvotes < n.quorum {
+		return
+	}
+	// an extension counts only now, after a fresh accept quorum (audit rule)
+	until := p.sentAt.Add(n.lease)
+	if !p.renewal || !n.owns(now, p) {
+		p.epoch = p.ballot
+		n.events = append(n.events, Event{Acquired, e.Ino, p.epoch})
+	}
+	p.heldBallot, p.heldUntil = p.ballot, max(until, p.heldUntil)
+	p.phase = idle
+	p.resetVotes()
+	n.wake(p.heldUntil)
+	n.wakeRound(now)
+	if !now.Before(p.heldUntil) {
+		return // compare before subtracting (audit rule)
+	}
+	left := p.heldUntil.Sub(now)
+	for _, peer := range n.cfg.Peers {
+		if peer != n.cfg.ID {
+			n.send(peer, Entry{Kind: KindLearn, Ino: e.Ino, Ballot: p.heldBallot, Owner: n.cfg.ID, Aux: uint64(left)})
 		}
 	}
 }

@@ -169,7 +169,7 @@ func (c *Owner) own(ctx context.Context, ino ids.Ino) error {
 		var q *paxosnode.QuarantineError
 		switch {
 		case err == nil:
-			return c.recover(ctx, n, ino, ep, handedOver, acquired)
+			return c.recoverInode(ctx, n, ino, ep, handedOver, acquired)
 		case errors.As(err, &q):
 			// a restarted server sits out at most T(1+δ): wait rather
 			// than send the client elsewhere

@@ -25,11 +25,41 @@ func (r replVersion) less(o replVersion) bool {
 	return r.epoch < o.epoch || r.epoch == o.epoch && r.version < o.version
 }
 
-// recover makes the inode's newest state among a majority this server's,
-// stamped with its epoch ep on a majority, before it serves the inode
-// (DESIGN.md: the new owner reads the inode from a majority, takes the
-// newest, writes it back under its own epoch).
-func (c *Owner) recover(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep ids.Epoch, handedOver bool, acquired clock.Time) error {
+// recoverInode makes the inode's newest state among a majority this
+// server's, stamped with its epoch ep on a majority, before it serves the
+// inode (DESIGN.md: the new owner reads the inode from a majority, takes
+// the newest, writes it back under its own epoch).
+func (c *Owner) recoverInode(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep ids.Epoch, handedOver bool, acquired clock.Time) error {
+	states, bestAt, err := c.replicaStates(ctx, n, ino)
+	if err != nil {
+		return err
+	}
+	best := states[bestAt]
+	if len(states) < c.majority() {
+		return errUnavailable("recovering %v: %d of %d servers answered", ino, len(states), c.size)
+	}
+	if best.epoch > ep {
+		// a replica has seen a newer owner: ours is already over
+		n.Release(ino)
+		return errUnavailable("recovering %v: a newer owner (epoch %v) exists", ino, best.epoch)
+	}
+	best, exists, err := c.takeNewest(ctx, n, ino, ep, states, bestAt)
+	if err != nil {
+		return err
+	}
+	if err := c.writeBackAll(ctx, n, ino, states, best, ep); err != nil {
+		return err
+	}
+	c.stats.recoveries.Add(1)
+	c.settleGrace(ctx, n, ino, ep, best, handedOver, exists, acquired)
+	c.log.Debug("recovered inode", "ino", ino, "epoch", ep, "from", bestAt, "state", best, "handed_over", handedOver)
+	return nil
+}
+
+// replicaStates asks every replica for the epoch and version of its state
+// of ino, and returns the answers (this server's included) and who holds
+// the newest.
+func (c *Owner) replicaStates(ctx context.Context, n *paxosnode.Node, ino ids.Ino) (map[ids.ServerID]replVersion, ids.ServerID, error) {
 	rctx, cancel := context.WithTimeout(ctx, c.callWait)
 	defer cancel()
 	q := &enc{}
@@ -39,7 +69,7 @@ func (c *Owner) recover(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep 
 	})
 	le, lv, err := c.repl.State(ino)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	states := map[ids.ServerID]replVersion{c.self: {le, lv}}
 	best, bestAt := replVersion{le, lv}, c.self
@@ -73,19 +103,19 @@ func (c *Owner) recover(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep 
 			extra = time.After(max(c.lease/20, 5*time.Millisecond))
 		}
 	}
-	if len(states) < c.majority() {
-		return errUnavailable("recovering %v: %d of %d servers answered", ino, len(states), c.size)
-	}
-	if best.epoch > ep {
-		// a replica has seen a newer owner: ours is already over
-		n.Release(ino)
-		return errUnavailable("recovering %v: a newer owner (epoch %v) exists", ino, best.epoch)
-	}
-	// This server usually holds the newest state already (changes go to
-	// every replica): then it only restamps it, whatever the inode's size.
-	// Otherwise the state is copied, a page per call, from a replica that
-	// has it (from itself at version 0: a server's own unstamped root).
-	exists := best.version > 0
+	return states, bestAt, nil
+}
+
+// takeNewest makes the newest state (bestAt's) this server's, stamped ep,
+// and returns the state it took and whether the inode exists in it.
+//
+// This server usually holds the newest state already (changes go to
+// every replica): then it only restamps it, whatever the inode's size.
+// Otherwise the state is copied, a page per call, from a replica that
+// has it (from itself at version 0: a server's own unstamped root).
+func (c *Owner) takeNewest(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep ids.Epoch,
+	states map[ids.ServerID]replVersion, bestAt ids.ServerID) (best replVersion, exists bool, err error) {
+	best = states[bestAt]
 	if states[c.self] == best && best.version > 0 {
 		done, err := c.repl.Restamp(ino, best.epoch, best.version, ep)
 		if err == nil && !done {
@@ -95,36 +125,41 @@ func (c *Owner) recover(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep 
 			if errors.Is(err, replica.ErrStaleEpoch) {
 				n.Release(ino)
 			}
-			return errUnavailable("recovering %v: %v", ino, err)
+			return best, false, errUnavailable("recovering %v: %v", ino, err)
 		}
-	} else {
-		var src replica.StateSource = c.repl
-		if bestAt != c.self {
-			src = peerState{c, n, bestAt}
-		}
-		start := time.Now()
-		// each page keeps the inode in use, so that a long copy does not
-		// let the lease go idle
-		got, err := replica.CopyInode(ctx, src, c.repl, ino,
-			replica.CopyOptions{Epoch: ep, PageBytes: transferPage, OnPage: func() { n.Touch(ino) }})
-		if err != nil {
-			if errors.Is(err, replica.ErrStaleEpoch) {
-				n.Release(ino)
-			}
-			return errUnavailable("recovering %v: copying its state from %v: %v", ino, bestAt, err)
-		}
-		// the source may have taken a last change of the previous owner
-		// since it answered: write back the state actually copied
-		best = replVersion{got.Epoch, got.Version}
-		exists = got.Records > 0
-		c.log.Debug("copied inode state", "ino", ino, "from", bestAt, "records", got.Records, "bytes", got.Bytes,
-			"pages", got.Pages, "attempts", got.Attempts, "took", time.Since(start))
+		return best, true, nil
 	}
+	var src replica.StateSource = c.repl
+	if bestAt != c.self {
+		src = peerState{c, n, bestAt}
+	}
+	start := time.Now()
+	// each page keeps the inode in use, so that a long copy does not
+	// let the lease go idle
+	got, err := replica.CopyInode(ctx, src, c.repl, ino,
+		replica.CopyOptions{Epoch: ep, PageBytes: transferPage, OnPage: func() { n.Touch(ino) }})
+	if err != nil {
+		if errors.Is(err, replica.ErrStaleEpoch) {
+			n.Release(ino)
+		}
+		return best, false, errUnavailable("recovering %v: copying its state from %v: %v", ino, bestAt, err)
+	}
+	c.log.Debug("copied inode state", "ino", ino, "from", bestAt, "records", got.Records, "bytes", got.Bytes,
+		"pages", got.Pages, "attempts", got.Attempts, "took", time.Since(start))
+	// the source may have taken a last change of the previous owner
+	// since it answered: write back the state actually copied
+	return replVersion{got.Epoch, got.Version}, got.Records > 0, nil
+}
+
+// writeBackAll stamps the recovered state on every other replica that
+// answered, and fails unless a majority (this server included) holds it.
+//
+// Write-backs copy the state a page per call, each call with its own
+// timeout: a big inode takes longer than one call. Recovery waits for
+// every answer (a dead replica's first call times out), so that no copy
+// outlives it.
+func (c *Owner) writeBackAll(ctx context.Context, n *paxosnode.Node, ino ids.Ino, states map[ids.ServerID]replVersion, best replVersion, ep ids.Epoch) error {
 	acks := 1
-	// store.Write-backs copy the state a page per call, each call with its own
-	// timeout: a big inode takes longer than one call. Recovery waits for
-	// every answer (a dead replica's first call times out), so that no
-	// copy outlives it.
 	res := make(chan error, len(states))
 	for p, st := range states {
 		if p == c.self {
@@ -143,15 +178,21 @@ func (c *Owner) recover(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep 
 	if acks < c.majority() {
 		return errUnavailable("recovering %v: written back to %d of %d servers", ino, acks, c.size)
 	}
-	c.stats.recoveries.Add(1)
-	// No grace if this server, in this run, was the inode's last owner
-	// (every owner that served restamped a majority, so the newest epoch
-	// of a majority names it): its lock table still holds whatever locks
-	// its clients had, failed clients' included, until they are stolen.
-	// Nor if the last owner says none of its clients can trust a lock.
-	// Nor if the newest state of a majority is unstamped (a fresh
-	// cluster's root): no owner ever served the inode, since an owner
-	// serves only after stamping a majority.
+	return nil
+}
+
+// settleGrace records the inode as recovered under ep and, where its
+// clients' locks may be unknown here, starts its grace period (grace.go).
+//
+// No grace if this server, in this run, was the inode's last owner
+// (every owner that served restamped a majority, so the newest epoch
+// of a majority names it): its lock table still holds whatever locks
+// its clients had, failed clients' included, until they are stolen.
+// Nor if the last owner says none of its clients can trust a lock.
+// Nor if the newest state of a majority is unstamped (a fresh
+// cluster's root): no owner ever served the inode, since an owner
+// serves only after stamping a majority.
+func (c *Owner) settleGrace(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep ids.Epoch, best replVersion, handedOver, exists bool, acquired clock.Time) {
 	selfLast := paxos.BallotServer(best.epoch) == c.self && paxos.BallotBoot(best.epoch) == n.Boot()
 	neverServed := best.epoch == 0
 	needGrace := !handedOver && !selfLast && !neverServed && exists && !c.previousOwnerReleased(ctx, n, ino, best.epoch)
@@ -167,8 +208,6 @@ func (c *Owner) recover(ctx context.Context, n *paxosnode.Node, ino ids.Ino, ep 
 		c.stats.graces.Add(1)
 	}
 	c.mu.Unlock()
-	c.log.Debug("recovered inode", "ino", ino, "epoch", ep, "from", bestAt, "state", best, "handed_over", handedOver)
-	return nil
 }
 
 // writeBack stamps the recovered state on replica p: a restamp if it holds

@@ -351,49 +351,9 @@ func (r *Replica) StagePage(ctx context.Context, tr Transfer, seq uint32, record
 	var superseded stageHeader
 	now := time.Now().UnixNano()
 	err := r.st.UpdateRaw(func(tx *store.Tx) error {
-		done, superseded = false, stageHeader{}
-		h, found, err := readStageHeader(tx, tr.Ino)
-		if err != nil {
-			return err
-		}
-		if seq == 0 && !(found && h.id == tr.ID) {
-			seen, switching, err := replEntry(tx, tr.Ino)
-			if err != nil {
-				return err
-			}
-			switch {
-			case switching:
-				return fmt.Errorf("%w: %v is switching", ErrTransferBusy, tr.Ino)
-			case seen.epoch > tr.Epoch:
-				return &StaleEpochError{Ino: tr.Ino, Offered: tr.Epoch, Seen: seen.epoch}
-			case seen.epoch == tr.Epoch && seen.version >= tr.Version:
-				done = true // already there, in the same owner's line
-				return nil
-			}
-			if found {
-				if err := tr.supersedes(h, now); err != nil {
-					return err
-				}
-				superseded = h
-			}
-			h = stageHeader{id: tr.ID, epoch: tr.Epoch, version: tr.Version, phase: phaseStaging}
-		} else {
-			switch {
-			case !found || h.id != tr.ID || h.phase != phaseStaging:
-				return fmt.Errorf("%w: %v page %d", ErrTransferLost, tr.Ino, seq)
-			case seq+1 == h.next:
-				return nil // a page sent again: staged already
-			case seq != h.next:
-				return fmt.Errorf("%w: %v page %d, expected %d", ErrTransferLost, tr.Ino, seq, h.next)
-			}
-		}
-		for _, w := range records {
-			if err := tx.Set(stageKey(tx, tr.Ino, tr.ID, w.Key), w.Value); err != nil {
-				return err
-			}
-		}
-		h.next, h.active = seq+1, now
-		return tx.Set(tx.Key(store.RecStage, tr.Ino, nil), h.encode())
+		var err error
+		done, superseded, err = stagePageTx(tx, tr, seq, records, now)
+		return err
 	})
 	if err != nil {
 		return false, fmt.Errorf("replica: stage %v page %d: %w", tr.Ino, seq, err)
@@ -414,6 +374,63 @@ func (r *Replica) StagePage(ctx context.Context, tr Transfer, seq uint32, record
 		return false, nil
 	}
 	return true, r.switchTo(tr, seq)
+}
+
+// stagePageTx stages one page of tr in tx and moves the staging header on;
+// done is a first page that found the state there already, superseded the
+// staging it replaced.
+func stagePageTx(tx *store.Tx, tr Transfer, seq uint32, records []store.Write, now int64) (done bool, superseded stageHeader, err error) {
+	h, found, err := readStageHeader(tx, tr.Ino)
+	if err != nil {
+		return false, superseded, err
+	}
+	if seq == 0 && !(found && h.id == tr.ID) {
+		if done, err = beginStaging(tx, tr); done || err != nil {
+			return done, superseded, err
+		}
+		if found {
+			if err := tr.supersedes(h, now); err != nil {
+				return false, superseded, err
+			}
+			superseded = h
+		}
+		h = stageHeader{id: tr.ID, epoch: tr.Epoch, version: tr.Version, phase: phaseStaging}
+	} else {
+		switch {
+		case !found || h.id != tr.ID || h.phase != phaseStaging:
+			return false, superseded, fmt.Errorf("%w: %v page %d", ErrTransferLost, tr.Ino, seq)
+		case seq+1 == h.next:
+			return false, superseded, nil // a page sent again: staged already
+		case seq != h.next:
+			return false, superseded, fmt.Errorf("%w: %v page %d, expected %d", ErrTransferLost, tr.Ino, seq, h.next)
+		}
+	}
+	for _, w := range records {
+		if err := tx.Set(stageKey(tx, tr.Ino, tr.ID, w.Key), w.Value); err != nil {
+			return false, superseded, err
+		}
+	}
+	h.next, h.active = seq+1, now
+	return false, superseded, tx.Set(tx.Key(store.RecStage, tr.Ino, nil), h.encode())
+}
+
+// beginStaging checks that a new transfer tr may start: not while the
+// inode is switching, nor to an epoch older than the replica has seen;
+// done if the replica holds tr's state or a newer one of the same owner.
+func beginStaging(tx *store.Tx, tr Transfer) (done bool, err error) {
+	seen, switching, err := replEntry(tx, tr.Ino)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case switching:
+		return false, fmt.Errorf("%w: %v is switching", ErrTransferBusy, tr.Ino)
+	case seen.epoch > tr.Epoch:
+		return false, &StaleEpochError{Ino: tr.Ino, Offered: tr.Epoch, Seen: seen.epoch}
+	case seen.epoch == tr.Epoch && seen.version >= tr.Version:
+		return true, nil // already there, in the same owner's line
+	}
+	return false, nil
 }
 
 // supersedes reports whether tr may replace the staging h (nil), or

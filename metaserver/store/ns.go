@@ -555,137 +555,174 @@ func (s *Store) Rename(oldParent ids.Ino, oldName string, newParent ids.Ino, new
 	return replaced, err
 }
 
-func (tx *Tx) rename(oldParent ids.Ino, oldName string, newParent ids.Ino, newName string, flags uint32, now int64) (*Attr, error) {
-	odir, err := tx.dir(oldParent)
-	if err != nil {
-		return nil, err
-	}
-	ndir, err := tx.dir(newParent)
-	if err != nil {
-		return nil, err
-	}
-	src, ok, err := tx.entry(oldParent, oldName)
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		return nil, errNotFound
-	}
-	if ndir.Nlink == 0 {
-		return nil, errNotFound
-	}
-	dst, dstOK, err := tx.entry(newParent, newName)
-	if err != nil {
-		return nil, err
-	}
-	if flags&RenameExchange != 0 && !dstOK {
-		return nil, errNotFound
-	}
-	if flags&RenameNoReplace != 0 && dstOK {
-		return nil, errExists
-	}
-	if dstOK && dst.ino == src.ino {
-		return nil, nil // the same file (or hard links to it): rename(2) does nothing
-	}
-	sn, err := tx.inode(src.ino)
-	if err != nil {
-		return nil, err
-	}
-	srcDir := src.typ == syscall.S_IFDIR
-	// a directory must not move into its own subtree
-	if srcDir && oldParent != newParent {
-		if err := tx.checkNotAncestor(src.ino, newParent); err != nil {
-			return nil, err
-		}
-	}
-	odir.Mtime, odir.Ctime = now, now
-	ndir.Mtime, ndir.Ctime = now, now
-	odir.touch()
-	ndir.touch()
-	sn.Ctime = now
-	sn.touch()
+// renaming is a rename's two names, what they name and the directories
+// they are in, as it found them.
+type renaming struct {
+	oldParent, newParent ids.Ino
+	oldName, newName     string
+	odir, ndir           *inode
+	src, dst             entry
+	dstOK                bool   // the new name exists
+	sn                   *inode // the inode moved
+	srcDir               bool
+}
 
+func (tx *Tx) rename(oldParent ids.Ino, oldName string, newParent ids.Ino, newName string, flags uint32, now int64) (*Attr, error) {
+	rn, noop, err := tx.renameResolve(oldParent, oldName, newParent, newName, flags)
+	if err != nil || noop {
+		return nil, err
+	}
+	rn.odir.Mtime, rn.odir.Ctime = now, now
+	rn.ndir.Mtime, rn.ndir.Ctime = now, now
+	rn.odir.touch()
+	rn.ndir.touch()
+	rn.sn.Ctime = now
+	rn.sn.touch()
 	if flags&RenameExchange != 0 {
-		dn, err := tx.inode(dst.ino)
-		if err != nil {
+		return nil, tx.renameExchange(rn, now)
+	}
+	var replaced *Attr
+	cookie := uint64(0)
+	if rn.dstOK {
+		if replaced, err = tx.renameReplace(rn, now); err != nil {
 			return nil, err
 		}
-		dstDir := dst.typ == syscall.S_IFDIR
-		if dstDir && oldParent != newParent {
-			if err := tx.checkNotAncestor(dst.ino, oldParent); err != nil {
-				return nil, err
-			}
+		// the new name takes the replaced entry's cookie: a listing in
+		// progress sees the name once, not twice
+		cookie = rn.dst.cookie
+	}
+	return replaced, tx.renameMove(rn, cookie)
+}
+
+// renameResolve looks up both directories and both names and checks that
+// the rename may be made; noop is a rename of a name onto itself (or onto
+// another hard link of the same file), which rename(2) leaves undone.
+func (tx *Tx) renameResolve(oldParent ids.Ino, oldName string, newParent ids.Ino, newName string, flags uint32) (rn *renaming, noop bool, err error) {
+	rn = &renaming{oldParent: oldParent, newParent: newParent, oldName: oldName, newName: newName}
+	if rn.odir, err = tx.dir(oldParent); err != nil {
+		return nil, false, err
+	}
+	if rn.ndir, err = tx.dir(newParent); err != nil {
+		return nil, false, err
+	}
+	var ok bool
+	if rn.src, ok, err = tx.entry(oldParent, oldName); err != nil {
+		return nil, false, err
+	}
+	if !ok || rn.ndir.Nlink == 0 {
+		return nil, false, errNotFound
+	}
+	if rn.dst, rn.dstOK, err = tx.entry(newParent, newName); err != nil {
+		return nil, false, err
+	}
+	if flags&RenameExchange != 0 && !rn.dstOK {
+		return nil, false, errNotFound
+	}
+	if flags&RenameNoReplace != 0 && rn.dstOK {
+		return nil, false, errExists
+	}
+	if rn.dstOK && rn.dst.ino == rn.src.ino {
+		return nil, true, nil
+	}
+	if rn.sn, err = tx.inode(rn.src.ino); err != nil {
+		return nil, false, err
+	}
+	rn.srcDir = rn.src.typ == syscall.S_IFDIR
+	// a directory must not move into its own subtree
+	if rn.srcDir && oldParent != newParent {
+		if err := tx.checkNotAncestor(rn.src.ino, newParent); err != nil {
+			return nil, false, err
 		}
-		// each name keeps its cookie; only what it points to changes
-		if err := tx.putEntry(oldParent, oldName, entry{ino: dst.ino, typ: dst.typ, cookie: src.cookie}); err != nil {
+	}
+	return rn, false, nil
+}
+
+// renameExchange swaps what the two names point to (RENAME_EXCHANGE).
+func (tx *Tx) renameExchange(rn *renaming, now int64) error {
+	src, dst := rn.src, rn.dst
+	dn, err := tx.inode(dst.ino)
+	if err != nil {
+		return err
+	}
+	dstDir := dst.typ == syscall.S_IFDIR
+	if dstDir && rn.oldParent != rn.newParent {
+		if err := tx.checkNotAncestor(dst.ino, rn.oldParent); err != nil {
+			return err
+		}
+	}
+	// each name keeps its cookie; only what it points to changes
+	if err := tx.putEntry(rn.oldParent, rn.oldName, entry{ino: dst.ino, typ: dst.typ, cookie: src.cookie}); err != nil {
+		return err
+	}
+	if err := tx.putEntry(rn.newParent, rn.newName, entry{ino: src.ino, typ: src.typ, cookie: dst.cookie}); err != nil {
+		return err
+	}
+	if rn.srcDir {
+		rn.sn.parent = rn.newParent
+		rn.odir.Nlink--
+		rn.ndir.Nlink++
+	}
+	if dstDir {
+		dn.parent = rn.oldParent
+		rn.ndir.Nlink--
+		rn.odir.Nlink++
+	}
+	dn.Ctime = now
+	dn.touch()
+	return nil
+}
+
+// renameReplace unlinks the inode the new name pointed to (an empty
+// directory is removed) and returns its attributes.
+func (tx *Tx) renameReplace(rn *renaming, now int64) (*Attr, error) {
+	dn, err := tx.inode(rn.dst.ino)
+	if err != nil {
+		return nil, err
+	}
+	dstDir := rn.dst.typ == syscall.S_IFDIR
+	switch {
+	case rn.srcDir && !dstDir:
+		return nil, errNotDir
+	case !rn.srcDir && dstDir:
+		return nil, errIsDir
+	case dstDir:
+		if err := tx.removeDir(dn); err != nil {
 			return nil, err
 		}
-		if err := tx.putEntry(newParent, newName, entry{ino: src.ino, typ: src.typ, cookie: dst.cookie}); err != nil {
-			return nil, err
-		}
-		if srcDir {
-			sn.parent = newParent
-			odir.Nlink--
-			ndir.Nlink++
-		}
-		if dstDir {
-			dn.parent = oldParent
-			ndir.Nlink--
-			odir.Nlink++
+		rn.ndir.Nlink-- // the replaced directory's ".."
+	default:
+		if dn.Nlink > 0 {
+			dn.Nlink--
 		}
 		dn.Ctime = now
 		dn.touch()
-		return nil, nil
 	}
+	a := dn.Attr
+	return &a, nil
+}
 
-	var replaced *Attr
-	cookie := uint64(0)
-	if dstOK {
-		dn, err := tx.inode(dst.ino)
-		if err != nil {
-			return nil, err
-		}
-		dstDir := dst.typ == syscall.S_IFDIR
-		switch {
-		case srcDir && !dstDir:
-			return nil, errNotDir
-		case !srcDir && dstDir:
-			return nil, errIsDir
-		case dstDir:
-			if err := tx.removeDir(dn); err != nil {
-				return nil, err
-			}
-			ndir.Nlink-- // the replaced directory's ".."
-		default:
-			if dn.Nlink > 0 {
-				dn.Nlink--
-			}
-			dn.Ctime = now
-			dn.touch()
-		}
-		a := dn.Attr
-		replaced = &a
-		// the new name takes the replaced entry's cookie: a listing in
-		// progress sees the name once, not twice
-		cookie = dst.cookie
+// renameMove moves the old name's entry to the new name, with the given
+// cookie (0: a new one).
+func (tx *Tx) renameMove(rn *renaming, cookie uint64) error {
+	src := rn.src
+	if err := tx.delEntry(rn.oldParent, rn.oldName, src); err != nil {
+		return err
 	}
-	if err := tx.delEntry(oldParent, oldName, src); err != nil {
-		return nil, err
-	}
+	var err error
 	if cookie != 0 {
-		err = tx.putEntry(newParent, newName, entry{ino: src.ino, typ: src.typ, cookie: cookie})
+		err = tx.putEntry(rn.newParent, rn.newName, entry{ino: src.ino, typ: src.typ, cookie: cookie})
 	} else {
-		err = tx.newEntry(ndir, newName, src.ino, src.typ)
+		err = tx.newEntry(rn.ndir, rn.newName, src.ino, src.typ)
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if srcDir {
-		sn.parent = newParent
-		odir.Nlink--
-		ndir.Nlink++
+	if rn.srcDir {
+		rn.sn.parent = rn.newParent
+		rn.odir.Nlink--
+		rn.ndir.Nlink++
 	}
-	return replaced, nil
+	return nil
 }
 
 // checkNotAncestor fails with CodeInvalid if dir is ino or inside it.
