@@ -267,17 +267,17 @@ func (s *Server) observed(ctx context.Context) transport.Handler {
 		return nil
 	}
 	return func(ctx context.Context, tr *transport.Request) []byte {
-		// The op is the request's second byte and the result the reply's
-		// u16 after the version byte (wire.Request/Reply.Append). The op
-		// is read first: handle may give the body back for reuse.
+		// The op is read first: handle may give the body back for reuse.
+		// A body that is no request counts as op 0, a reply that is none
+		// as a bad message.
 		op, code := wire.Op(0), wire.CodeBadMessage
-		if len(tr.Body) > 1 {
-			op = wire.Op(tr.Body[1])
+		if h, err := wire.ParseRequestHead(tr.Body); err == nil {
+			op = h.Op
 		}
 		start := time.Now()
 		out := s.handle(context.WithValue(ctx, observedKey{}, true), tr)
-		if len(out) > 2 {
-			code = wire.Code(uint16(out[1]) | uint16(out[2])<<8)
+		if h, err := wire.ParseReplyHead(out); err == nil {
+			code = h.Code
 		}
 		m.Request(op, code, time.Since(start))
 		return out

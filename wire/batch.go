@@ -71,25 +71,25 @@ func ParseBatchReplies(b []byte, want int) ([]*Reply, error) {
 
 // appendFramed encodes a count, then each message as a length-prefixed body.
 func appendFramed[M interface{ Append([]byte) []byte }](b []byte, msgs []M) []byte {
-	e := enc{b}
-	e.u32(uint32(len(msgs)))
+	e := newEnc(b)
+	e.U32(uint32(len(msgs)))
 	for _, m := range msgs {
-		n := len(e.b)
-		e.u32(0)
-		e.b = m.Append(e.b)
-		binary.LittleEndian.PutUint32(e.b[n:], uint32(len(e.b)-n-4))
+		n := len(e.B)
+		e.U32(0)
+		e.B = m.Append(e.B)
+		binary.LittleEndian.PutUint32(e.B[n:], uint32(len(e.B)-n-4))
 	}
-	return e.b
+	return e.B
 }
 
 // parseFramed decodes what appendFramed encoded: at most MaxBatch messages.
 func parseFramed[M any](b []byte, what string, parse func([]byte) (M, error)) ([]M, error) {
-	d := dec{b: b}
-	n := d.count(MaxBatch, 4)
+	d := newDec(b)
+	n := d.Count(MaxBatch, 4)
 	out := make([]M, 0, n)
 	for range n {
-		body := d.bytes(MaxData)
-		if d.err != nil {
+		body := d.Bytes(MaxData)
+		if d.Err() != nil {
 			break
 		}
 		m, err := parse(body)
@@ -98,7 +98,7 @@ func parseFramed[M any](b []byte, what string, parse func([]byte) (M, error)) ([
 		}
 		out = append(out, m)
 	}
-	if err := d.end(); err != nil {
+	if err := d.End(); err != nil {
 		return nil, err
 	}
 	return out, nil

@@ -212,35 +212,35 @@ type Attr struct {
 }
 
 func (e *enc) attr(a *Attr) {
-	e.u64(uint64(a.Ino))
-	e.u32(a.Mode)
-	e.u32(a.Nlink)
-	e.u32(a.Uid)
-	e.u32(a.Gid)
-	e.u32(a.Rdev)
-	e.u64(a.Size)
-	e.u64(a.Blocks)
-	e.i64(a.Atime)
-	e.i64(a.Mtime)
-	e.i64(a.Ctime)
-	e.u64(a.Version)
-	e.u64(a.Change)
+	e.U64(uint64(a.Ino))
+	e.U32(a.Mode)
+	e.U32(a.Nlink)
+	e.U32(a.Uid)
+	e.U32(a.Gid)
+	e.U32(a.Rdev)
+	e.U64(a.Size)
+	e.U64(a.Blocks)
+	e.I64(a.Atime)
+	e.I64(a.Mtime)
+	e.I64(a.Ctime)
+	e.U64(a.Version)
+	e.U64(a.Change)
 }
 
 func (d *dec) attr(a *Attr) {
-	a.Ino = ids.Ino(d.u64())
-	a.Mode = d.u32()
-	a.Nlink = d.u32()
-	a.Uid = d.u32()
-	a.Gid = d.u32()
-	a.Rdev = d.u32()
-	a.Size = d.u64()
-	a.Blocks = d.u64()
-	a.Atime = d.i64()
-	a.Mtime = d.i64()
-	a.Ctime = d.i64()
-	a.Version = d.u64()
-	a.Change = d.u64()
+	a.Ino = ids.Ino(d.U64())
+	a.Mode = d.U32()
+	a.Nlink = d.U32()
+	a.Uid = d.U32()
+	a.Gid = d.U32()
+	a.Rdev = d.U32()
+	a.Size = d.U64()
+	a.Blocks = d.U64()
+	a.Atime = d.I64()
+	a.Mtime = d.I64()
+	a.Ctime = d.I64()
+	a.Version = d.U64()
+	a.Change = d.U64()
 }
 
 // DirEntry is one directory entry; Off is the cookie to continue after it.
@@ -300,22 +300,22 @@ func (e *enc) lk(l *PosixLk) {
 	if l.Get {
 		f |= 4
 	}
-	e.u8(f)
-	e.u8(l.Type)
-	e.u64(l.Start)
-	e.u64(l.End)
-	e.u32(l.Pid)
-	e.u64(l.Owner)
+	e.U8(f)
+	e.U8(l.Type)
+	e.U64(l.Start)
+	e.U64(l.End)
+	e.U32(l.Pid)
+	e.U64(l.Owner)
 }
 
 func (d *dec) lk(l *PosixLk) {
-	f := d.u8()
+	f := d.U8()
 	l.Flock, l.Wait, l.Get = f&1 != 0, f&2 != 0, f&4 != 0
-	l.Type = d.u8()
-	l.Start = d.u64()
-	l.End = d.u64()
-	l.Pid = d.u32()
-	l.Owner = d.u64()
+	l.Type = d.U8()
+	l.Start = d.U64()
+	l.End = d.U64()
+	l.Pid = d.U32()
+	l.Owner = d.U64()
 }
 
 // Request is every operation's arguments in one flat struct: each op uses the
@@ -408,82 +408,103 @@ func (r *Request) Append(b []byte) []byte {
 // AppendHead encodes r after b but for Data's bytes, which follow in the
 // encoding: a sender that writes them from where they are copies nothing.
 func (r *Request) AppendHead(b []byte) []byte {
-	e := enc{b}
-	e.u8(Version)
-	e.u8(uint8(r.Op))
-	e.u64(uint64(r.Ino))
-	e.u64(uint64(r.Parent))
-	e.u64(uint64(r.NewPar))
-	e.str(r.Name)
-	e.str(r.NewName)
-	e.str(r.Target)
-	e.u32(r.Mode)
-	e.u32(r.Uid)
-	e.u32(r.Gid)
-	e.u32(r.Rdev)
-	e.u32(r.Umask)
-	e.u32(r.Flags)
-	e.u32(r.Valid)
-	e.u64(r.Off)
-	e.u64(r.Size)
-	e.i64(r.Atime)
-	e.i64(r.Mtime)
-	e.i64(r.Ctime)
-	e.u8(uint8(r.LockMode))
-	e.u64(r.Version)
-	e.u64(r.ReqID)
-	e.u64(r.Oldest)
-	e.u32(r.Opens)
-	e.bool(r.NoRedirect)
+	e := newEnc(b)
+	e.U8(Version)
+	e.U8(uint8(r.Op))
+	e.U64(uint64(r.Ino))
+	e.U64(uint64(r.Parent))
+	e.U64(uint64(r.NewPar))
+	e.Str(r.Name)
+	e.Str(r.NewName)
+	e.Str(r.Target)
+	e.U32(r.Mode)
+	e.U32(r.Uid)
+	e.U32(r.Gid)
+	e.U32(r.Rdev)
+	e.U32(r.Umask)
+	e.U32(r.Flags)
+	e.U32(r.Valid)
+	e.U64(r.Off)
+	e.U64(r.Size)
+	e.I64(r.Atime)
+	e.I64(r.Mtime)
+	e.I64(r.Ctime)
+	e.U8(uint8(r.LockMode))
+	e.U64(r.Version)
+	e.U64(r.ReqID)
+	e.U64(r.Oldest)
+	e.U32(r.Opens)
+	e.Bool(r.NoRedirect)
 	e.lk(&r.Lk)
-	e.u32(uint32(len(r.Spans)))
+	e.U32(uint32(len(r.Spans)))
 	for _, sp := range r.Spans {
-		e.u64(sp.Off)
-		e.u32(sp.Len)
+		e.U64(sp.Off)
+		e.U32(sp.Len)
 	}
-	e.u32(uint32(len(r.Data)))
-	return e.b
+	e.U32(uint32(len(r.Data)))
+	return e.B
+}
+
+// RequestHead is the start of every request body: its operation and the
+// inode it is about.
+type RequestHead struct {
+	Op  Op
+	Ino ids.Ino
+}
+
+func (h *RequestHead) parse(d *dec) {
+	d.version()
+	h.Op = Op(d.U8())
+	h.Ino = ids.Ino(d.U64())
+}
+
+// ParseRequestHead decodes the head of a request body (of which the rest
+// need not be there).
+func ParseRequestHead(b []byte) (RequestHead, error) {
+	d := newDec(b)
+	var h RequestHead
+	h.parse(&d)
+	return h, d.Err()
 }
 
 // ParseRequest decodes a request body. Data aliases b.
 func ParseRequest(b []byte) (*Request, error) {
-	d := dec{b: b}
-	d.version()
-	r := &Request{}
-	r.Op = Op(d.u8())
-	r.Ino = ids.Ino(d.u64())
-	r.Parent = ids.Ino(d.u64())
-	r.NewPar = ids.Ino(d.u64())
-	r.Name = d.str(MaxName)
-	r.NewName = d.str(MaxName)
-	r.Target = d.str(MaxPath)
-	r.Mode = d.u32()
-	r.Uid = d.u32()
-	r.Gid = d.u32()
-	r.Rdev = d.u32()
-	r.Umask = d.u32()
-	r.Flags = d.u32()
-	r.Valid = d.u32()
-	r.Off = d.u64()
-	r.Size = d.u64()
-	r.Atime = d.i64()
-	r.Mtime = d.i64()
-	r.Ctime = d.i64()
-	r.LockMode = LockMode(d.u8())
-	r.Version = d.u64()
-	r.ReqID = d.u64()
-	r.Oldest = d.u64()
-	r.Opens = d.u32()
-	r.NoRedirect = d.bool()
+	d := newDec(b)
+	var h RequestHead
+	h.parse(&d)
+	r := &Request{Op: h.Op, Ino: h.Ino}
+	r.Parent = ids.Ino(d.U64())
+	r.NewPar = ids.Ino(d.U64())
+	r.Name = d.Str(MaxName)
+	r.NewName = d.Str(MaxName)
+	r.Target = d.Str(MaxPath)
+	r.Mode = d.U32()
+	r.Uid = d.U32()
+	r.Gid = d.U32()
+	r.Rdev = d.U32()
+	r.Umask = d.U32()
+	r.Flags = d.U32()
+	r.Valid = d.U32()
+	r.Off = d.U64()
+	r.Size = d.U64()
+	r.Atime = d.I64()
+	r.Mtime = d.I64()
+	r.Ctime = d.I64()
+	r.LockMode = LockMode(d.U8())
+	r.Version = d.U64()
+	r.ReqID = d.U64()
+	r.Oldest = d.U64()
+	r.Opens = d.U32()
+	r.NoRedirect = d.Bool()
 	d.lk(&r.Lk)
-	if n := d.count(MaxSpans, 12); n > 0 {
+	if n := d.Count(MaxSpans, 12); n > 0 {
 		r.Spans = make([]Span, n)
 		for i := range r.Spans {
-			r.Spans[i] = Span{Off: d.u64(), Len: d.u32()}
+			r.Spans[i] = Span{Off: d.U64(), Len: d.U32()}
 		}
 	}
-	r.Data = d.bytes(MaxData)
-	if err := d.end(); err != nil {
+	r.Data = d.Bytes(MaxData)
+	if err := d.End(); err != nil {
 		return nil, err
 	}
 	if err := checkSpans(r.Spans, len(r.Data)); err != nil {
@@ -601,10 +622,10 @@ func ErrorReply(err error) *Reply {
 
 // Append encodes r after b.
 func (r *Reply) Append(b []byte) []byte {
-	e := enc{b}
-	e.u8(Version)
-	e.u16(uint16(r.Code))
-	e.str(r.Msg)
+	e := newEnc(b)
+	e.U8(Version)
+	e.U16(uint16(r.Code))
+	e.Str(r.Msg)
 	var mask uint16
 	if r.Attr != nil {
 		mask |= hasAttr
@@ -642,7 +663,7 @@ func (r *Reply) Append(b []byte) []byte {
 	if r.Flags != 0 {
 		mask |= hasFlags
 	}
-	e.u16(mask)
+	e.U16(mask)
 	if r.Attr != nil {
 		e.attr(r.Attr)
 	}
@@ -650,71 +671,88 @@ func (r *Reply) Append(b []byte) []byte {
 		e.attr(r.Attr2)
 	}
 	if r.Entries != nil {
-		e.u32(uint32(len(r.Entries)))
+		e.U32(uint32(len(r.Entries)))
 		for i := range r.Entries {
 			de := &r.Entries[i]
-			e.str(de.Name)
-			e.u64(uint64(de.Ino))
-			e.u32(de.Mode)
-			e.u64(de.Off)
+			e.Str(de.Name)
+			e.U64(uint64(de.Ino))
+			e.U32(de.Mode)
+			e.U64(de.Off)
 		}
 	}
 	if r.Data != nil {
-		e.bytes(r.Data)
+		e.Bytes(r.Data)
 	}
 	if r.Names != nil {
-		e.u32(uint32(len(r.Names)))
+		e.U32(uint32(len(r.Names)))
 		for _, n := range r.Names {
-			e.str(n)
+			e.Str(n)
 		}
 	}
 	if s := r.Session; s != nil {
-		e.u64(uint64(s.ID))
-		e.u8(uint8(s.Server))
-		e.i64(s.Tau)
-		e.u64(math.Float64bits(s.Delta))
-		e.i64(s.GraceEnd)
+		e.U64(uint64(s.ID))
+		e.U8(uint8(s.Server))
+		e.I64(s.Tau)
+		e.U64(math.Float64bits(s.Delta))
+		e.I64(s.GraceEnd)
 	}
 	if s := r.StatFs; s != nil {
-		e.u64(s.Blocks)
-		e.u64(s.Bfree)
-		e.u64(s.Bavail)
-		e.u64(s.Files)
-		e.u64(s.Ffree)
-		e.u32(s.Bsize)
-		e.u32(s.NameLen)
+		e.U64(s.Blocks)
+		e.U64(s.Bfree)
+		e.U64(s.Bavail)
+		e.U64(s.Files)
+		e.U64(s.Ffree)
+		e.U32(s.Bsize)
+		e.U32(s.NameLen)
 	}
 	if r.Grants != nil {
-		e.u32(uint32(len(r.Grants)))
+		e.U32(uint32(len(r.Grants)))
 		for _, g := range r.Grants {
-			e.u64(uint64(g.Ino))
-			e.u8(uint8(g.Mode))
-			e.u64(g.Seq)
+			e.U64(uint64(g.Ino))
+			e.U8(uint8(g.Mode))
+			e.U64(g.Seq)
 		}
 	}
 	if r.Lk != nil {
 		e.lk(r.Lk)
 	}
 	if r.Opens != 0 {
-		e.u32(r.Opens)
+		e.U32(r.Opens)
 	}
 	if r.Owner != 0 {
-		e.u8(uint8(r.Owner))
+		e.U8(uint8(r.Owner))
 	}
 	if r.Flags != 0 {
-		e.u32(r.Flags)
+		e.U32(r.Flags)
 	}
-	return e.b
+	return e.B
+}
+
+// ReplyHead is the start of every reply body: how the request went.
+type ReplyHead struct{ Code Code }
+
+func (h *ReplyHead) parse(d *dec) {
+	d.version()
+	h.Code = Code(d.U16())
+}
+
+// ParseReplyHead decodes the head of a reply body (of which the rest need
+// not be there).
+func ParseReplyHead(b []byte) (ReplyHead, error) {
+	d := newDec(b)
+	var h ReplyHead
+	h.parse(&d)
+	return h, d.Err()
 }
 
 // ParseReply decodes a reply body. Data aliases b.
 func ParseReply(b []byte) (*Reply, error) {
-	d := dec{b: b}
-	d.version()
-	r := &Reply{encoded: b}
-	r.Code = Code(d.u16())
-	r.Msg = d.str(MaxPath)
-	mask := d.u16()
+	d := newDec(b)
+	var h ReplyHead
+	h.parse(&d)
+	r := &Reply{encoded: b, Code: h.Code}
+	r.Msg = d.Str(MaxPath)
+	mask := d.U16()
 	if mask&hasAttr != 0 {
 		r.Attr = new(Attr)
 		d.attr(r.Attr)
@@ -724,48 +762,48 @@ func ParseReply(b []byte) (*Reply, error) {
 		d.attr(r.Attr2)
 	}
 	if mask&hasEntries != 0 {
-		n := d.count(MaxEntries, 4+8+4+8)
+		n := d.Count(MaxEntries, 4+8+4+8)
 		r.Entries = make([]DirEntry, n)
 		for i := range r.Entries {
 			de := &r.Entries[i]
-			de.Name = d.str(MaxName)
-			de.Ino = ids.Ino(d.u64())
-			de.Mode = d.u32()
-			de.Off = d.u64()
+			de.Name = d.Str(MaxName)
+			de.Ino = ids.Ino(d.U64())
+			de.Mode = d.U32()
+			de.Off = d.U64()
 		}
 	}
 	if mask&hasData != 0 {
-		r.Data = d.bytes(MaxData)
-		if r.Data == nil && d.err == nil {
+		r.Data = d.Bytes(MaxData)
+		if r.Data == nil && d.Err() == nil {
 			r.Data = []byte{}
 		}
 	}
 	if mask&hasNames != 0 {
-		n := d.count(MaxList, 4)
+		n := d.Count(MaxList, 4)
 		r.Names = make([]string, n)
 		for i := range r.Names {
-			r.Names[i] = d.str(MaxName)
+			r.Names[i] = d.Str(MaxName)
 		}
 	}
 	if mask&hasSession != 0 {
 		r.Session = &Session{
-			ID:     ids.SessionID(d.u64()),
-			Server: ids.ServerID(d.u8()),
-			Tau:    d.i64(),
-			Delta:  math.Float64frombits(d.u64()),
+			ID:     ids.SessionID(d.U64()),
+			Server: ids.ServerID(d.U8()),
+			Tau:    d.I64(),
+			Delta:  math.Float64frombits(d.U64()),
 		}
-		r.Session.GraceEnd = d.i64()
+		r.Session.GraceEnd = d.I64()
 	}
 	if mask&hasStatFs != 0 {
-		r.StatFs = &StatFs{Blocks: d.u64(), Bfree: d.u64(), Bavail: d.u64(), Files: d.u64(), Ffree: d.u64()}
-		r.StatFs.Bsize = d.u32()
-		r.StatFs.NameLen = d.u32()
+		r.StatFs = &StatFs{Blocks: d.U64(), Bfree: d.U64(), Bavail: d.U64(), Files: d.U64(), Ffree: d.U64()}
+		r.StatFs.Bsize = d.U32()
+		r.StatFs.NameLen = d.U32()
 	}
 	if mask&hasGrant != 0 {
-		n := d.count(MaxEntries, 17)
+		n := d.Count(MaxEntries, 17)
 		r.Grants = make([]Grant, n)
 		for i := range r.Grants {
-			r.Grants[i] = Grant{Ino: ids.Ino(d.u64()), Mode: LockMode(d.u8()), Seq: d.u64()}
+			r.Grants[i] = Grant{Ino: ids.Ino(d.U64()), Mode: LockMode(d.U8()), Seq: d.U64()}
 		}
 	}
 	if mask&hasLk != 0 {
@@ -773,24 +811,24 @@ func ParseReply(b []byte) (*Reply, error) {
 		d.lk(r.Lk)
 	}
 	if mask&hasOpens != 0 {
-		if r.Opens = d.u32(); r.Opens > MaxOpens {
-			d.fail(fmt.Errorf("%w: %d open handles", ErrTooLarge, r.Opens))
+		if r.Opens = d.U32(); r.Opens > MaxOpens {
+			d.Fail(fmt.Errorf("%w: %d open handles", ErrTooLarge, r.Opens))
 		}
 	}
 	if mask&hasOwner != 0 {
-		if r.Owner = ids.ServerID(d.u8()); r.Owner == 0 {
-			d.fail(errors.New("wire: redirect to server 0"))
+		if r.Owner = ids.ServerID(d.U8()); r.Owner == 0 {
+			d.Fail(errors.New("wire: redirect to server 0"))
 		}
 	}
 	if mask&hasFlags != 0 {
-		if r.Flags = d.u32(); r.Flags == 0 {
-			d.fail(errors.New("wire: empty reply flags"))
+		if r.Flags = d.U32(); r.Flags == 0 {
+			d.Fail(errors.New("wire: empty reply flags"))
 		}
 	}
 	if mask >= hasFlags<<1 {
-		d.fail(fmt.Errorf("wire: unknown reply sections %#x", mask))
+		d.Fail(fmt.Errorf("wire: unknown reply sections %#x", mask))
 	}
-	if err := d.end(); err != nil {
+	if err := d.End(); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -819,21 +857,21 @@ type Callback struct {
 
 // Append encodes c after b.
 func (c *Callback) Append(b []byte) []byte {
-	e := enc{b}
-	e.u8(Version)
-	e.u8(uint8(c.Kind))
-	e.u64(uint64(c.Ino))
-	e.u8(uint8(c.Mode))
-	e.u64(c.Seq)
-	return e.b
+	e := newEnc(b)
+	e.U8(Version)
+	e.U8(uint8(c.Kind))
+	e.U64(uint64(c.Ino))
+	e.U8(uint8(c.Mode))
+	e.U64(c.Seq)
+	return e.B
 }
 
 // ParseCallback decodes a callback.
 func ParseCallback(b []byte) (*Callback, error) {
-	d := dec{b: b}
+	d := newDec(b)
 	d.version()
-	c := &Callback{Kind: CallbackKind(d.u8()), Ino: ids.Ino(d.u64()), Mode: LockMode(d.u8()), Seq: d.u64()}
-	if err := d.end(); err != nil {
+	c := &Callback{Kind: CallbackKind(d.U8()), Ino: ids.Ino(d.U64()), Mode: LockMode(d.U8()), Seq: d.U64()}
+	if err := d.End(); err != nil {
 		return nil, err
 	}
 	if c.Kind < CallbackRevoke || c.Kind > CallbackProbe || c.Mode > LockExclusive {
@@ -846,9 +884,6 @@ func ParseCallback(b []byte) (*Callback, error) {
 // body, before the rest has arrived (false if too few bytes or another
 // version).
 func PeekIno(partial []byte) (ids.Ino, bool) {
-	d := dec{b: partial} // the head of ParseRequest
-	d.version()
-	d.u8()
-	ino := ids.Ino(d.u64())
-	return ino, d.err == nil
+	h, err := ParseRequestHead(partial)
+	return h.Ino, err == nil
 }

@@ -122,10 +122,17 @@ func FuzzParse(f *testing.F) {
 			if _, err := ParseRequest(r.Append(nil)); err != nil {
 				t.Fatalf("re-encoded request does not parse: %v", err)
 			}
+			// the head the admin metrics read is the request's
+			if h, err := ParseRequestHead(b); err != nil || h.Op != r.Op || h.Ino != r.Ino {
+				t.Fatalf("head %+v, %v of request %v %v", h, err, r.Op, r.Ino)
+			}
 		}
 		if r, err := ParseReply(b); err == nil {
 			if _, err := ParseReply(r.Append(nil)); err != nil {
 				t.Fatalf("re-encoded reply does not parse: %v", err)
+			}
+			if h, err := ParseReplyHead(b); err != nil || h.Code != r.Code {
+				t.Fatalf("head %+v, %v of reply %v", h, err, r.Code)
 			}
 		}
 		_, _ = ParseCallback(b)

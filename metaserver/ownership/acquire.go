@@ -225,15 +225,13 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // askHandover asks owner to hand ino over: nil once it released it.
 func (c *Owner) askHandover(ctx context.Context, n *paxosnode.Node, owner ids.ServerID, ino ids.Ino) error {
-	e := &enc{}
-	e.u64(uint64(ino))
-	rep, err := n.Peers().Call(ctx, owner, callHandover, e.b)
+	req := inoReq{Ino: ino}
+	rep, err := n.Peers().Call(ctx, owner, callHandover, req.Append(nil))
 	c.noteCall(owner, err)
 	if err != nil {
 		return err
 	}
-	_, err = replyErr(rep)
-	return err
+	return parseReply(rep, nil)
 }
 
 // handleHandover serves another server's request for an inode we own: the
@@ -241,14 +239,15 @@ func (c *Owner) askHandover(ctx context.Context, n *paxosnode.Node, owner ids.Se
 // the asking server, takes X, which revokes every client's lock and fails
 // clients that do not acknowledge), then the lease is released.
 func (c *Owner) handleHandover(ctx context.Context, from ids.ServerID, body []byte) []byte {
-	d := &dec{b: body}
-	ino := ids.Ino(d.u64())
-	if d.err != nil {
-		return statusReply(d.err)
+	var req inoReq
+	if err := req.Parse(body); err != nil {
+		return statusReply(err)
 	}
+	ino := req.Ino
 	n := c.node.Load()
 	if _, ok := n.Owns(ino); !ok {
-		return []byte{stNotOwner}
+		st := replyStatus{Code: stNotOwner}
+		return st.Append(nil)
 	}
 	start := time.Now()
 	// Hold the inode's acquire lock: a local request recovering it
@@ -277,7 +276,7 @@ func (c *Owner) handleHandover(ctx context.Context, from ids.ServerID, body []by
 		}
 	}
 	c.log.Debug("handed inode over", "ino", ino, "to", from, "took", time.Since(start))
-	return []byte{stOK}
+	return statusReply(nil)
 }
 
 // inoMutexes is a mutex per inode, made on demand. Not striped: a server

@@ -58,22 +58,17 @@ func (c *Owner) catchUp(p ids.ServerID) error {
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), c.callWait)
-		e := &enc{}
-		e.u64(uint64(after))
-		e.u32(1024)
-		rep, err := c.call(ctx, n, p, callDigest, e.b)
+		req := digestReq{After: after, Max: 1024}
+		rep, err := c.call(ctx, n, p, callDigest, req.Append(nil))
 		cancel()
 		if err != nil {
 			return err
 		}
-		d, err := replyErr(rep)
-		if err != nil {
+		var dr digestRep
+		if err := parseReply(rep, &dr); err != nil {
 			return err
 		}
-		page := decodePage(d)
-		if d.err != nil {
-			return d.err
-		}
+		page := dr.Page
 		local, err := c.repl.DigestRange(page.After, page.Through, false)
 		if err != nil {
 			return err

@@ -41,15 +41,13 @@ func (c *Owner) previousOwnerReleased(ctx context.Context, n *paxosnode.Node, in
 	}
 	ctx, cancel := context.WithTimeout(ctx, lockFreeWait)
 	defer cancel()
-	e := &enc{}
-	e.u64(uint64(ino))
-	e.u64(uint64(prev))
-	rep, err := c.call(ctx, n, owner, callLockFree, e.b)
+	req := lockFreeReq{Ino: ino, Epoch: prev}
+	rep, err := c.call(ctx, n, owner, callLockFree, req.Append(nil))
 	if err != nil {
 		return false
 	}
-	d, err := replyErr(rep)
-	return err == nil && d.u8() == 1 && d.err == nil
+	var free doneRep
+	return parseReply(rep, &free) == nil && free.Done
 }
 
 // handleLockFree answers previousOwnerReleased: yes if this server
@@ -57,11 +55,11 @@ func (c *Owner) previousOwnerReleased(ctx context.Context, n *paxosnode.Node, in
 // clients before has run out), or if it is the same run, does not own
 // ino and holds no client lock on it (released, revoked or stolen).
 func (c *Owner) handleLockFree(_ context.Context, _ ids.ServerID, body []byte) []byte {
-	d := &dec{b: body}
-	ino, epoch := ids.Ino(d.u64()), ids.Epoch(d.u64())
-	if d.err != nil {
-		return statusReply(d.err)
+	var req lockFreeReq
+	if err := req.Parse(body); err != nil {
+		return statusReply(err)
 	}
+	ino, epoch := req.Ino, req.Epoch
 	n := c.node.Load()
 	free := false
 	if paxos.BallotBoot(epoch) != n.Boot() {
@@ -69,10 +67,7 @@ func (c *Owner) handleLockFree(_ context.Context, _ ids.ServerID, body []byte) [
 	} else if _, owns := n.Owns(ino); !owns {
 		free = len(c.locks.Holders(ino)) == 0
 	}
-	if free {
-		return []byte{stOK, 1}
-	}
-	return []byte{stOK, 0}
+	return okReply(&doneRep{Done: free})
 }
 
 // restartedSince reports whether this server restarted after it owned an

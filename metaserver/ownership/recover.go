@@ -62,10 +62,10 @@ func (c *Owner) recoverInode(ctx context.Context, n *paxosnode.Node, ino ids.Ino
 func (c *Owner) replicaStates(ctx context.Context, n *paxosnode.Node, ino ids.Ino) (map[ids.ServerID]replVersion, ids.ServerID, error) {
 	rctx, cancel := context.WithTimeout(ctx, c.callWait)
 	defer cancel()
-	q := &enc{}
-	q.u64(uint64(ino))
+	req := inoReq{Ino: ino}
+	body := req.Append(nil)
 	ch := c.fanOut(rctx, func(ctx context.Context, p ids.ServerID) ([]byte, error) {
-		return c.call(ctx, n, p, callReplState, q.b)
+		return c.call(ctx, n, p, callReplState, body)
 	})
 	le, lv, err := c.repl.State(ino)
 	if err != nil {
@@ -89,12 +89,11 @@ func (c *Owner) replicaStates(ctx context.Context, n *paxosnode.Node, ino ids.In
 		if r.err != nil {
 			continue
 		}
-		d, err := replyErr(r.rep)
-		e, v := ids.Epoch(d.u64()), d.u64()
-		if err != nil || d.err != nil {
+		var rs replStateRep
+		if parseReply(r.rep, &rs) != nil {
 			continue
 		}
-		rv := replVersion{e, v}
+		rv := replVersion{rs.Epoch, rs.Version}
 		states[r.id] = rv
 		if best.less(rv) {
 			best, bestAt = rv, r.id
@@ -215,22 +214,18 @@ func (c *Owner) settleGrace(ctx context.Context, n *paxosnode.Node, ino ids.Ino,
 // holds it under epoch ep by now).
 func (c *Owner) writeBack(ctx context.Context, n *paxosnode.Node, p ids.ServerID, ino ids.Ino, has, best replVersion, ep ids.Epoch) error {
 	if has == best && best.version > 0 {
-		e := &enc{}
-		e.u64(uint64(ino))
-		e.u64(uint64(best.epoch))
-		e.u64(best.version)
-		e.u64(uint64(ep))
+		req := restampReq{Ino: ino, Epoch: best.epoch, Version: best.version, NewEpoch: ep}
 		cctx, cancel := context.WithTimeout(ctx, c.callWait)
-		rep, err := c.call(cctx, n, p, callRestamp, e.b)
+		rep, err := c.call(cctx, n, p, callRestamp, req.Append(nil))
 		cancel()
 		if err != nil {
 			return err
 		}
-		d, err := replyErr(rep)
-		if err != nil {
+		var done doneRep
+		if err := parseReply(rep, &done); err != nil {
 			return err
 		}
-		if d.u8() == 1 {
+		if done.Done {
 			return nil
 		}
 		// it moved on meanwhile: send the state

@@ -24,7 +24,8 @@ func (c *Owner) Replicate(writes []store.Write) error {
 		return nil
 	}
 	n := c.node.Load()
-	body := encodeChanges(changes)
+	req := applyReq{Changes: changes}
+	body := req.Append(nil)
 	deadline := time.Now().Add(c.callWait)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	up := 0
@@ -120,7 +121,7 @@ type peerLane struct {
 // result goes.
 type laneItem struct {
 	changes  []replica.Change
-	body     []byte // encodeChanges(changes)
+	body     []byte // applyReq{changes}
 	deadline time.Time
 	done     chan error
 }
@@ -186,7 +187,7 @@ func (l *peerLane) sendBatch(batch []*laneItem) {
 	for _, it := range batch {
 		all = append(all, it.changes...)
 	}
-	answered, err := l.apply(ctx, encodeChanges(all))
+	answered, err := l.apply(ctx, (&applyReq{Changes: all}).Append(nil))
 	if err == nil || !answered {
 		for _, it := range batch {
 			it.done <- err
@@ -242,7 +243,7 @@ func (c *Owner) applyAt(ctx context.Context, n *paxosnode.Node, p ids.ServerID, 
 			return answered, err
 		}
 		answered = true
-		_, err = replyErr(rep)
+		err = parseReply(rep, nil)
 		var gap *replica.VersionGapError
 		if !errors.As(err, &gap) || try == 3 {
 			return answered, err

@@ -9,85 +9,73 @@ import (
 )
 
 func (c *Owner) handleApply(_ context.Context, _ ids.ServerID, body []byte) []byte {
-	changes, err := decodeChanges(body)
+	var req applyReq
+	err := req.Parse(body)
 	if err == nil {
-		err = c.repl.Apply(changes)
+		err = c.repl.Apply(req.Changes)
 	}
 	return statusReply(err)
 }
 
 func (c *Owner) handleReplState(_ context.Context, _ ids.ServerID, body []byte) []byte {
-	d := &dec{b: body}
-	ino := ids.Ino(d.u64())
-	if d.err != nil {
-		return statusReply(d.err)
+	var req inoReq
+	if err := req.Parse(body); err != nil {
+		return statusReply(err)
 	}
-	ep, v, err := c.repl.State(ino)
+	ep, v, err := c.repl.State(req.Ino)
 	if err != nil {
 		return statusReply(err)
 	}
-	e := &enc{}
-	e.u8(stOK)
-	e.u64(uint64(ep))
-	e.u64(v)
-	return e.b
+	return okReply(&replStateRep{Epoch: ep, Version: v})
 }
 
 // handleState serves one page of an inode's state (ReadStatePage).
 func (c *Owner) handleState(ctx context.Context, _ ids.ServerID, body []byte) []byte {
-	ino, after, maxBytes, err := decodeStateReq(body)
+	var req stateReq
+	if err := req.Parse(body); err != nil {
+		return statusReply(err)
+	}
+	page, err := c.repl.ReadStatePage(ctx, req.Ino, req.After, int(min(req.MaxBytes, transferPage)))
 	if err != nil {
 		return statusReply(err)
 	}
-	page, err := c.repl.ReadStatePage(ctx, ino, after, maxBytes)
-	if err != nil {
-		return statusReply(err)
-	}
-	return encodeStatePage(page)
+	return okReply(&statePageRep{Page: page})
 }
 
 // handleReplace stages one page of a transfer into this replica; the last
 // one switches it in (StagePage).
 func (c *Owner) handleReplace(ctx context.Context, _ ids.ServerID, body []byte) []byte {
-	tr, seq, records, last, err := decodeStage(body)
+	var req stageReq
+	if err := req.Parse(body); err != nil {
+		return statusReply(err)
+	}
+	done, err := c.repl.StagePage(ctx, req.Tr, req.Seq, req.Records, req.Last)
 	if err != nil {
 		return statusReply(err)
 	}
-	done, err := c.repl.StagePage(ctx, tr, seq, records, last)
-	if err != nil {
-		return statusReply(err)
-	}
-	if done {
-		return []byte{stOK, 1}
-	}
-	return []byte{stOK, 0}
+	return okReply(&doneRep{Done: done})
 }
 
 func (c *Owner) handleRestamp(_ context.Context, _ ids.ServerID, body []byte) []byte {
-	d := &dec{b: body}
-	ino, ep, v, nep := ids.Ino(d.u64()), ids.Epoch(d.u64()), d.u64(), ids.Epoch(d.u64())
-	if d.err != nil {
-		return statusReply(d.err)
+	var req restampReq
+	if err := req.Parse(body); err != nil {
+		return statusReply(err)
 	}
-	done, err := c.repl.Restamp(ino, ep, v, nep)
+	done, err := c.repl.Restamp(req.Ino, req.Epoch, req.Version, req.NewEpoch)
 	if err != nil {
 		return statusReply(err)
 	}
-	if done {
-		return []byte{stOK, 1}
-	}
-	return []byte{stOK, 0}
+	return okReply(&doneRep{Done: done})
 }
 
 func (c *Owner) handleDigest(_ context.Context, _ ids.ServerID, body []byte) []byte {
-	d := &dec{b: body}
-	after, max := ids.Ino(d.u64()), int(d.u32())
-	if d.err != nil {
-		return statusReply(d.err)
+	var req digestReq
+	if err := req.Parse(body); err != nil {
+		return statusReply(err)
 	}
-	page, err := c.repl.Digest(after, min(max, 4096), false)
+	page, err := c.repl.Digest(req.After, int(min(req.Max, 4096)), false)
 	if err != nil {
 		return statusReply(err)
 	}
-	return encodePage(page)
+	return okReply(&digestRep{Page: page})
 }

@@ -1,22 +1,25 @@
 package ownership
 
 // Server-to-server calls of cluster mode (paxosnode.Peers.Call kinds) and
-// their encodings. Every body and reply is little-endian, length-prefixed
-// and bounded by transport.MaxBody; a reply starts with a status byte.
+// their messages, in the codec client requests use. Every body and reply
+// starts with peerVersion, and its fields are bounded; a reply's status
+// (replyStatus) comes next, then an OK reply's body.
 // Also the peer side of whole-inode transfers (store_transfer.go): a
 // peer's store as a replica.StateSource and replica.StateSink, a page per call.
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/codec"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/metaserver/paxosnode"
 	"github.com/leasefs/leasefs/metaserver/replica"
 	"github.com/leasefs/leasefs/metaserver/store"
+	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -41,138 +44,435 @@ const (
 	stNoSpace  byte = 5 // message: the replica has no space for the change
 )
 
+// peerVersion is the first byte of every peer call's body and reply; a
+// peer that sends another gets codec.ErrVersion.
+const peerVersion = 1
+
+// Bounds of peer messages' fields, besides the transport's MaxBody, which
+// bounds the whole.
+const (
+	maxKey     = 64 << 10 // a store key: an inode, a kind and a name
+	maxValue   = transport.MaxBody
+	maxWrites  = 1 << 20 // writes of one change or one page
+	maxChanges = 1 << 16 // changes of one apply call
+	maxErrText = 4 << 10 // an error's text in a reply
+)
+
 var errPeerDecode = errors.New("ownership: bad peer message")
 
-type enc struct{ b []byte }
-
-func (e *enc) u8(v byte)    { e.b = append(e.b, v) }
-func (e *enc) u32(v uint32) { e.b = binary.LittleEndian.AppendUint32(e.b, v) }
-func (e *enc) u64(v uint64) { e.b = binary.LittleEndian.AppendUint64(e.b, v) }
-func (e *enc) bytes(v []byte) {
-	e.u32(uint32(len(v)))
-	e.b = append(e.b, v...)
+// peerMessage is the body of a peer call or of an OK reply.
+type peerMessage interface {
+	Append(b []byte) []byte
+	Parse(b []byte) error
 }
 
-type dec struct {
-	b   []byte
-	err error
+func newEnc(b []byte) *codec.Enc { return &codec.Enc{B: append(b, peerVersion)} }
+
+func newDec(b []byte) *codec.Dec {
+	d := codec.NewDec(b)
+	d.Version(peerVersion)
+	return &d
 }
 
-func (d *dec) fail() {
-	if d.err == nil {
-		d.err = errPeerDecode
+// parsed is what the end of a parse returns: nil, or the decoder's error
+// marked as a bad peer message.
+func parsed(d *codec.Dec) error {
+	if err := d.End(); err != nil {
+		return fmt.Errorf("%w: %w", errPeerDecode, err)
 	}
-	d.b = nil
+	return nil
 }
 
-func (d *dec) u8() byte {
-	if len(d.b) < 1 {
-		d.fail()
-		return 0
-	}
-	v := d.b[0]
-	d.b = d.b[1:]
-	return v
-}
-
-func (d *dec) u32() uint32 {
-	if len(d.b) < 4 {
-		d.fail()
-		return 0
-	}
-	v := binary.LittleEndian.Uint32(d.b)
-	d.b = d.b[4:]
-	return v
-}
-
-func (d *dec) u64() uint64 {
-	if len(d.b) < 8 {
-		d.fail()
-		return 0
-	}
-	v := binary.LittleEndian.Uint64(d.b)
-	d.b = d.b[8:]
-	return v
-}
-
-// flag reads a boolean byte: 0 or 1, nothing else.
-func (d *dec) flag() bool {
-	v := d.u8()
-	if v > 1 {
-		d.fail()
-	}
-	return v == 1
-}
-
-func (d *dec) bytes() []byte {
-	n := d.u32()
-	if uint64(n) > uint64(len(d.b)) {
-		d.fail()
-		return nil
-	}
-	v := d.b[:n:n]
-	d.b = d.b[n:]
-	return v
-}
-
-// count reads a list length, refusing one that cannot fit in what is left
-// (each element takes at least min bytes).
-func (d *dec) count(min int) int {
-	n := d.u32()
-	if uint64(n)*uint64(min) > uint64(len(d.b)) {
-		d.fail()
-		return 0
-	}
-	return int(n)
-}
-
-func (e *enc) writes(ws []store.Write) {
-	e.u32(uint32(len(ws)))
+func appendWrites(e *codec.Enc, ws []store.Write) {
+	e.U32(uint32(len(ws)))
 	for _, w := range ws {
-		if w.Delete {
-			e.u8(1)
-		} else {
-			e.u8(0)
-		}
-		e.bytes(w.Key)
-		e.bytes(w.Value)
+		e.Bool(w.Delete)
+		e.Bytes(w.Key)
+		e.Bytes(w.Value)
 	}
 }
 
-func (d *dec) writes() []store.Write {
-	n := d.count(9)
+func parseWrites(d *codec.Dec) []store.Write {
+	n := d.Count(maxWrites, 9)
 	out := make([]store.Write, 0, n)
 	for range n {
-		del := d.flag()
-		k := d.bytes()
-		v := d.bytes()
+		del := d.Bool()
+		k := d.Bytes(maxKey)
+		v := d.Bytes(maxValue)
 		out = append(out, store.Write{Key: k, Value: v, Delete: del})
 	}
 	return out
 }
 
-func encodeChanges(cs []replica.Change) []byte {
-	e := &enc{}
-	e.u32(uint32(len(cs)))
-	for _, c := range cs {
-		e.u64(uint64(c.Ino))
-		e.u64(uint64(c.Epoch))
-		e.u64(c.Version)
-		e.writes(c.Writes)
+// applyReq (callApply) carries changes for the replica to apply in order.
+type applyReq struct{ Changes []replica.Change }
+
+func (m *applyReq) Append(b []byte) []byte {
+	e := newEnc(b)
+	e.U32(uint32(len(m.Changes)))
+	for _, c := range m.Changes {
+		e.U64(uint64(c.Ino))
+		e.U64(uint64(c.Epoch))
+		e.U64(c.Version)
+		appendWrites(e, c.Writes)
 	}
-	return e.b
+	return e.B
 }
 
-func decodeChanges(b []byte) ([]replica.Change, error) {
-	d := &dec{b: b}
-	n := d.count(28)
-	out := make([]replica.Change, 0, n)
+func (m *applyReq) Parse(b []byte) error {
+	d := newDec(b)
+	n := d.Count(maxChanges, 28)
+	m.Changes = make([]replica.Change, 0, n)
 	for range n {
-		c := replica.Change{Ino: ids.Ino(d.u64()), Epoch: ids.Epoch(d.u64()), Version: d.u64()}
-		c.Writes = d.writes()
-		out = append(out, c)
+		c := replica.Change{Ino: ids.Ino(d.U64()), Epoch: ids.Epoch(d.U64()), Version: d.U64()}
+		c.Writes = parseWrites(d)
+		m.Changes = append(m.Changes, c)
 	}
-	return out, d.err
+	return parsed(d)
+}
+
+// inoReq names an inode: the replica's state of it (callReplState), or its
+// hand-over (callHandover).
+type inoReq struct{ Ino ids.Ino }
+
+func (m *inoReq) Append(b []byte) []byte {
+	e := newEnc(b)
+	e.U64(uint64(m.Ino))
+	return e.B
+}
+
+func (m *inoReq) Parse(b []byte) error {
+	d := newDec(b)
+	m.Ino = ids.Ino(d.U64())
+	return parsed(d)
+}
+
+// replStateRep answers callReplState: the epoch and version of the
+// replica's state of the inode.
+type replStateRep struct {
+	Epoch   ids.Epoch
+	Version uint64
+}
+
+func (m *replStateRep) Append(b []byte) []byte {
+	e := newEnc(b)
+	e.U64(uint64(m.Epoch))
+	e.U64(m.Version)
+	return e.B
+}
+
+func (m *replStateRep) Parse(b []byte) error {
+	d := newDec(b)
+	m.Epoch, m.Version = ids.Epoch(d.U64()), d.U64()
+	return parsed(d)
+}
+
+// stateReq (callState) asks a page of an inode's state: the records after
+// the key After (none: from the first), about MaxBytes of them (the
+// server takes at most transferPage).
+type stateReq struct {
+	Ino      ids.Ino
+	MaxBytes uint32
+	After    []byte
+}
+
+func (m *stateReq) Append(b []byte) []byte {
+	e := newEnc(b)
+	e.U64(uint64(m.Ino))
+	e.U32(m.MaxBytes)
+	e.Bytes(m.After)
+	return e.B
+}
+
+func (m *stateReq) Parse(b []byte) error {
+	d := newDec(b)
+	m.Ino, m.MaxBytes = ids.Ino(d.U64()), d.U32()
+	if m.After = d.Bytes(maxKey); len(m.After) == 0 {
+		m.After = nil
+	}
+	return parsed(d)
+}
+
+// statePageRep answers callState with a page of the inode's state (its
+// Ino is the request's).
+type statePageRep struct{ Page replica.StatePage }
+
+func (m *statePageRep) Append(b []byte) []byte {
+	e := newEnc(b)
+	p := &m.Page
+	e.U64(uint64(p.Epoch))
+	e.U64(p.Version)
+	e.Bool(p.Last)
+	appendWrites(e, p.Records)
+	return e.B
+}
+
+func (m *statePageRep) Parse(b []byte) error {
+	d := newDec(b)
+	p := &m.Page
+	p.Epoch, p.Version, p.Last = ids.Epoch(d.U64()), d.U64(), d.Bool()
+	p.Records = parseWrites(d)
+	return parsed(d)
+}
+
+// stageReq (callReplace) is one page of a transfer to stage; the last one
+// switches the replica to the staged state.
+type stageReq struct {
+	Tr      replica.Transfer
+	Seq     uint32
+	Last    bool
+	Records []store.Write
+}
+
+func (m *stageReq) Append(b []byte) []byte {
+	e := newEnc(b)
+	tr := &m.Tr
+	e.U64(uint64(tr.Ino))
+	e.U64(tr.ID)
+	e.U64(tr.Replaces)
+	e.U64(uint64(tr.Epoch))
+	e.U64(uint64(tr.SrcEpoch))
+	e.U64(tr.Version)
+	e.U32(m.Seq)
+	e.Bool(m.Last)
+	appendWrites(e, m.Records)
+	return e.B
+}
+
+func (m *stageReq) Parse(b []byte) error {
+	d := newDec(b)
+	m.Tr = replica.Transfer{Ino: ids.Ino(d.U64()), ID: d.U64(), Replaces: d.U64(), Epoch: ids.Epoch(d.U64()),
+		SrcEpoch: ids.Epoch(d.U64()), Version: d.U64()}
+	m.Seq, m.Last = d.U32(), d.Bool()
+	m.Records = parseWrites(d)
+	return parsed(d)
+}
+
+// restampReq (callRestamp) asks the replica to stamp its state of Ino,
+// if it is Epoch/Version, with NewEpoch.
+type restampReq struct {
+	Ino      ids.Ino
+	Epoch    ids.Epoch
+	Version  uint64
+	NewEpoch ids.Epoch
+}
+
+func (m *restampReq) Append(b []byte) []byte {
+	e := newEnc(b)
+	e.U64(uint64(m.Ino))
+	e.U64(uint64(m.Epoch))
+	e.U64(m.Version)
+	e.U64(uint64(m.NewEpoch))
+	return e.B
+}
+
+func (m *restampReq) Parse(b []byte) error {
+	d := newDec(b)
+	m.Ino, m.Epoch, m.Version, m.NewEpoch = ids.Ino(d.U64()), ids.Epoch(d.U64()), d.U64(), ids.Epoch(d.U64())
+	return parsed(d)
+}
+
+// doneRep answers callReplace (the state is there), callRestamp (it was
+// restamped) and callLockFree (no client of the previous owner holds a
+// lock).
+type doneRep struct{ Done bool }
+
+func (m *doneRep) Append(b []byte) []byte {
+	e := newEnc(b)
+	e.Bool(m.Done)
+	return e.B
+}
+
+func (m *doneRep) Parse(b []byte) error {
+	d := newDec(b)
+	m.Done = d.Bool()
+	return parsed(d)
+}
+
+// digestReq (callDigest) asks the digests of at most Max inodes after
+// After (the server gives at most 4096).
+type digestReq struct {
+	After ids.Ino
+	Max   uint32
+}
+
+func (m *digestReq) Append(b []byte) []byte {
+	e := newEnc(b)
+	e.U64(uint64(m.After))
+	e.U32(m.Max)
+	return e.B
+}
+
+func (m *digestReq) Parse(b []byte) error {
+	d := newDec(b)
+	m.After, m.Max = ids.Ino(d.U64()), d.U32()
+	return parsed(d)
+}
+
+// digestRep answers callDigest.
+type digestRep struct{ Page replica.DigestPage }
+
+func (m *digestRep) Append(b []byte) []byte {
+	e := newEnc(b)
+	p := &m.Page
+	e.U64(uint64(p.After))
+	e.U64(uint64(p.Through))
+	e.U32(uint32(len(p.Inodes)))
+	for _, i := range p.Inodes {
+		e.U64(uint64(i.Ino))
+		e.U64(uint64(i.Epoch))
+		e.U64(i.Version)
+		e.U64(i.Hash)
+	}
+	return e.B
+}
+
+func (m *digestRep) Parse(b []byte) error {
+	d := newDec(b)
+	p := &m.Page
+	p.After, p.Through = ids.Ino(d.U64()), ids.Ino(d.U64())
+	n := d.Count(maxWrites, 32)
+	p.Inodes = make([]replica.InodeDigest, 0, n)
+	for range n {
+		p.Inodes = append(p.Inodes, replica.InodeDigest{Ino: ids.Ino(d.U64()), Epoch: ids.Epoch(d.U64()),
+			Version: d.U64(), Hash: d.U64()})
+	}
+	return parsed(d)
+}
+
+// lockFreeReq (callLockFree) asks a previous owner of Ino, at Epoch,
+// whether none of its clients can still hold a lock on it.
+type lockFreeReq struct {
+	Ino   ids.Ino
+	Epoch ids.Epoch
+}
+
+func (m *lockFreeReq) Append(b []byte) []byte {
+	e := newEnc(b)
+	e.U64(uint64(m.Ino))
+	e.U64(uint64(m.Epoch))
+	return e.B
+}
+
+func (m *lockFreeReq) Parse(b []byte) error {
+	d := newDec(b)
+	m.Ino, m.Epoch = ids.Ino(d.U64()), ids.Epoch(d.U64())
+	return parsed(d)
+}
+
+// replyStatus heads every reply: how the call went, and for a failure
+// what the caller needs to rebuild its error. An OK reply's body follows
+// it (a peerMessage, or nothing).
+type replyStatus struct {
+	Code byte
+	Ino  ids.Ino   // stStale, stGap
+	Seen ids.Epoch // stStale
+	Msg  string    // stErr, stNoSpace
+}
+
+func (m *replyStatus) Append(b []byte) []byte {
+	e := newEnc(b)
+	e.U8(m.Code)
+	switch m.Code {
+	case stStale:
+		e.U64(uint64(m.Ino))
+		e.U64(uint64(m.Seen))
+	case stGap:
+		e.U64(uint64(m.Ino))
+	case stErr, stNoSpace:
+		msg := m.Msg
+		if len(msg) > maxErrText {
+			msg = strings.ToValidUTF8(msg[:maxErrText], "")
+		}
+		e.Str(msg)
+	}
+	return e.B
+}
+
+// parse reads the status from d and leaves d at the body.
+func (m *replyStatus) parse(d *codec.Dec) {
+	switch m.Code = d.U8(); m.Code {
+	case stOK, stNotOwner:
+	case stStale:
+		m.Ino, m.Seen = ids.Ino(d.U64()), ids.Epoch(d.U64())
+	case stGap:
+		m.Ino = ids.Ino(d.U64())
+	case stErr, stNoSpace:
+		m.Msg = d.Str(maxErrText)
+	default:
+		d.Fail(fmt.Errorf("status %d", m.Code))
+	}
+}
+
+func (m *replyStatus) Parse(b []byte) error {
+	d := newDec(b)
+	m.parse(d)
+	return parsed(d)
+}
+
+// statusOf is the status that reports err (nil: stOK).
+func statusOf(err error) replyStatus {
+	var stale *replica.StaleEpochError
+	var gap *replica.VersionGapError
+	switch {
+	case err == nil:
+		return replyStatus{Code: stOK}
+	case errors.As(err, &stale):
+		return replyStatus{Code: stStale, Ino: stale.Ino, Seen: stale.Seen}
+	case errors.As(err, &gap):
+		return replyStatus{Code: stGap, Ino: gap.Ino}
+	case wire.CodeOf(err) == wire.CodeNoSpace:
+		return replyStatus{Code: stNoSpace, Msg: err.Error()}
+	default:
+		return replyStatus{Code: stErr, Msg: err.Error()}
+	}
+}
+
+// err turns the status back into an error (nil for stOK).
+func (m *replyStatus) err() error {
+	switch m.Code {
+	case stOK:
+		return nil
+	case stStale:
+		return &replica.StaleEpochError{Ino: m.Ino, Seen: m.Seen}
+	case stGap:
+		return &replica.VersionGapError{Ino: m.Ino}
+	case stNotOwner:
+		return errPeerNotOwner
+	case stNoSpace:
+		return wire.Errf(wire.CodeNoSpace, "peer: %s", m.Msg)
+	}
+	return fmt.Errorf("ownership: peer: %s", m.Msg)
+}
+
+// statusReply encodes a reply that reports err, with no body.
+func statusReply(err error) []byte {
+	st := statusOf(err)
+	return st.Append(nil)
+}
+
+// okReply encodes an OK reply with the body m.
+func okReply(m peerMessage) []byte {
+	st := replyStatus{Code: stOK}
+	return m.Append(st.Append(nil))
+}
+
+// parseReply reads a reply: the error its status reports, or else its
+// body into m (nil: the reply must have none).
+func parseReply(b []byte, m peerMessage) error {
+	d := newDec(b)
+	var st replyStatus
+	st.parse(d)
+	if d.Err() != nil {
+		return fmt.Errorf("%w: %w", errPeerDecode, d.Err())
+	}
+	if err := st.err(); err != nil {
+		return err
+	}
+	if m == nil {
+		return parsed(d)
+	}
+	return m.Parse(b[len(b)-d.Len():])
 }
 
 // transferPage bounds one page of an inode's state in a peer call: well
@@ -183,70 +483,6 @@ const transferPage = 1 << 20
 // fetchWorkers bounds anti-entropy's concurrent fetches (and so its memory,
 // a page each).
 const fetchWorkers = 8
-
-func encodeStateReq(ino ids.Ino, after []byte, maxBytes int) []byte {
-	e := &enc{}
-	e.u64(uint64(ino))
-	e.u32(uint32(maxBytes))
-	e.bytes(after)
-	return e.b
-}
-
-func decodeStateReq(b []byte) (ino ids.Ino, after []byte, maxBytes int, err error) {
-	d := &dec{b: b}
-	ino, maxBytes = ids.Ino(d.u64()), int(d.u32())
-	if after = d.bytes(); len(after) == 0 {
-		after = nil
-	}
-	return ino, after, min(maxBytes, transferPage), d.err
-}
-
-func encodeStatePage(p replica.StatePage) []byte {
-	e := &enc{}
-	e.u8(stOK)
-	e.u64(uint64(p.Epoch))
-	e.u64(p.Version)
-	if p.Last {
-		e.u8(1)
-	} else {
-		e.u8(0)
-	}
-	e.writes(p.Records)
-	return e.b
-}
-
-func decodeStatePage(ino ids.Ino, d *dec) (replica.StatePage, error) {
-	p := replica.StatePage{Ino: ino, Epoch: ids.Epoch(d.u64()), Version: d.u64(), Last: d.flag()}
-	p.Records = d.writes()
-	return p, d.err
-}
-
-func encodeStage(tr replica.Transfer, seq uint32, records []store.Write, last bool) []byte {
-	e := &enc{}
-	e.u64(uint64(tr.Ino))
-	e.u64(tr.ID)
-	e.u64(tr.Replaces)
-	e.u64(uint64(tr.Epoch))
-	e.u64(uint64(tr.SrcEpoch))
-	e.u64(tr.Version)
-	e.u32(seq)
-	if last {
-		e.u8(1)
-	} else {
-		e.u8(0)
-	}
-	e.writes(records)
-	return e.b
-}
-
-func decodeStage(b []byte) (tr replica.Transfer, seq uint32, records []store.Write, last bool, err error) {
-	d := &dec{b: b}
-	tr = replica.Transfer{Ino: ids.Ino(d.u64()), ID: d.u64(), Replaces: d.u64(), Epoch: ids.Epoch(d.u64()),
-		SrcEpoch: ids.Epoch(d.u64()), Version: d.u64()}
-	seq, last = d.u32(), d.flag()
-	records = d.writes()
-	return tr, seq, records, last, d.err
-}
 
 // peerState is another server's store as a replica.StateSource and a replica.StateSink:
 // one peer call per page, each with its own timeout, so that a transfer
@@ -270,15 +506,17 @@ var (
 func (ps peerState) ReadStatePage(ctx context.Context, ino ids.Ino, after []byte, maxBytes int) (replica.StatePage, error) {
 	cctx, cancel := context.WithTimeout(ctx, ps.c.pageWait())
 	defer cancel()
-	rep, err := ps.c.call(cctx, ps.n, ps.p, callState, encodeStateReq(ino, after, maxBytes))
+	req := stateReq{Ino: ino, MaxBytes: uint32(maxBytes), After: after}
+	rep, err := ps.c.call(cctx, ps.n, ps.p, callState, req.Append(nil))
 	if err != nil {
 		return replica.StatePage{}, err
 	}
-	d, err := replyErr(rep)
-	if err != nil {
+	var page statePageRep
+	if err := parseReply(rep, &page); err != nil {
 		return replica.StatePage{}, err
 	}
-	return decodeStatePage(ino, d)
+	page.Page.Ino = ino
+	return page.Page, nil
 }
 
 func (ps peerState) StagePage(ctx context.Context, tr replica.Transfer, seq uint32, records []store.Write, last bool) (bool, error) {
@@ -289,16 +527,14 @@ func (ps peerState) StagePage(ctx context.Context, tr replica.Transfer, seq uint
 	}
 	cctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	rep, err := ps.c.call(cctx, ps.n, ps.p, callReplace, encodeStage(tr, seq, records, last))
+	req := stageReq{Tr: tr, Seq: seq, Last: last, Records: records}
+	rep, err := ps.c.call(cctx, ps.n, ps.p, callReplace, req.Append(nil))
 	if err != nil {
 		return false, err
 	}
-	d, err := replyErr(rep)
-	if err != nil {
-		return false, err
-	}
-	done := d.flag()
-	return done, d.err
+	var done doneRep
+	err = parseReply(rep, &done)
+	return done.Done, err
 }
 
 func (c *Owner) pageWait() time.Duration { return 4 * c.callWait }
@@ -307,83 +543,6 @@ func (c *Owner) pageWait() time.Duration { return 4 * c.callWait }
 // of about size bytes: a generous 16 MiB/s of badger rewrites.
 func switchWait(size int64) time.Duration {
 	return time.Duration(size/(16<<20)+1) * time.Second
-}
-
-func encodePage(p replica.DigestPage) []byte {
-	e := &enc{}
-	e.u8(stOK)
-	e.u64(uint64(p.After))
-	e.u64(uint64(p.Through))
-	e.u32(uint32(len(p.Inodes)))
-	for _, i := range p.Inodes {
-		e.u64(uint64(i.Ino))
-		e.u64(uint64(i.Epoch))
-		e.u64(i.Version)
-		e.u64(i.Hash)
-	}
-	return e.b
-}
-
-func decodePage(d *dec) replica.DigestPage {
-	p := replica.DigestPage{After: ids.Ino(d.u64()), Through: ids.Ino(d.u64())}
-	n := d.count(32)
-	p.Inodes = make([]replica.InodeDigest, 0, n)
-	for range n {
-		p.Inodes = append(p.Inodes, replica.InodeDigest{Ino: ids.Ino(d.u64()), Epoch: ids.Epoch(d.u64()),
-			Version: d.u64(), Hash: d.u64()})
-	}
-	return p
-}
-
-// statusReply encodes a store error as a reply status.
-func statusReply(err error) []byte {
-	e := &enc{}
-	var stale *replica.StaleEpochError
-	var gap *replica.VersionGapError
-	switch {
-	case err == nil:
-		e.u8(stOK)
-	case errors.As(err, &stale):
-		e.u8(stStale)
-		e.u64(uint64(stale.Ino))
-		e.u64(uint64(stale.Seen))
-	case errors.As(err, &gap):
-		e.u8(stGap)
-		e.u64(uint64(gap.Ino))
-	case wire.CodeOf(err) == wire.CodeNoSpace:
-		e.u8(stNoSpace)
-		e.b = append(e.b, err.Error()...)
-	default:
-		e.u8(stErr)
-		e.b = append(e.b, err.Error()...)
-	}
-	return e.b
-}
-
-// replyErr turns a reply's status back into an error (nil for stOK) and
-// returns a decoder positioned after it.
-func replyErr(b []byte) (*dec, error) {
-	d := &dec{b: b}
-	switch st := d.u8(); st {
-	case stOK:
-		return d, d.err
-	case stStale:
-		ino, seen := ids.Ino(d.u64()), ids.Epoch(d.u64())
-		return d, &replica.StaleEpochError{Ino: ino, Seen: seen}
-	case stGap:
-		return d, &replica.VersionGapError{Ino: ids.Ino(d.u64())}
-	case stNotOwner:
-		return d, errPeerNotOwner
-	case stErr:
-		return d, fmt.Errorf("ownership: peer: %s", d.b)
-	case stNoSpace:
-		return d, wire.Errf(wire.CodeNoSpace, "peer: %s", d.b)
-	default:
-		if d.err != nil {
-			return d, d.err
-		}
-		return d, fmt.Errorf("%w: status %d", errPeerDecode, st)
-	}
 }
 
 var errPeerNotOwner = errors.New("ownership: peer does not own the inode")

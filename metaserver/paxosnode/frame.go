@@ -6,8 +6,10 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/leasefs/leasefs/internal/codec"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/lease/paxos"
+	"github.com/leasefs/leasefs/transport"
 )
 
 // Peer frames share the metaserver's transport with client requests. A client
@@ -73,7 +75,7 @@ func PeerOf(c ids.ClientID) (ids.ServerID, bool) {
 // (*Node).HandlePeer, rather than a client wire message.
 func IsPeerBody(body []byte) bool { return len(body) > 0 && body[0] == PeerMagic }
 
-// frame is a decoded peer request.
+// frame is a peer request.
 type frame struct {
 	typ      byte
 	from, to ids.ServerID
@@ -82,69 +84,129 @@ type frame struct {
 	body     []byte        // frameCall; aliases the input
 }
 
-func appendFrameHeader(b []byte, typ byte, from, to ids.ServerID) []byte {
-	return append(b, PeerMagic, frameVersion, typ, byte(from), byte(to))
+// Append encodes f after b.
+func (f *frame) Append(b []byte) []byte {
+	e := codec.Enc{B: b}
+	e.U8(PeerMagic)
+	e.U8(frameVersion)
+	e.U8(f.typ)
+	e.U8(byte(f.from))
+	e.U8(byte(f.to))
+	switch f.typ {
+	case framePaxos:
+		return f.msg.Append(e.B)
+	case frameCall:
+		e.U8(f.kind)
+	}
+	return append(e.B, f.body...)
+}
+
+// Parse decodes a peer request into f. It checks the layout only; who may
+// send it to whom is checked by the caller.
+func (f *frame) Parse(b []byte) error {
+	*f = frame{}
+	if len(b) < frameHeader {
+		return badFrame("%d bytes, header needs %d", len(b), frameHeader)
+	}
+	d := codec.NewDec(b)
+	if m := d.U8(); m != PeerMagic {
+		return badFrame("first byte %#x, want %#x", m, PeerMagic)
+	}
+	if v := d.U8(); v != frameVersion {
+		return badFrame("version %d, want %d", v, frameVersion)
+	}
+	f.typ, f.from, f.to = d.U8(), ids.ServerID(d.U8()), ids.ServerID(d.U8())
+	if f.from == 0 || f.to == 0 {
+		return badFrame("zero server id (from %d, to %d)", f.from, f.to)
+	}
+	if f.from == f.to {
+		return badFrame("from %v to itself", f.from)
+	}
+	switch f.typ {
+	case framePaxos:
+		m, err := paxos.Parse(d.Rest(transport.MaxBody))
+		if err != nil {
+			return badFrame("paxos message: %v", err)
+		}
+		if m.From != f.from || m.To != f.to {
+			return badFrame("paxos message %v→%v in frame %v→%v", m.From, m.To, f.from, f.to)
+		}
+		f.msg = m
+	case frameCall:
+		if f.kind = d.U8(); d.Err() != nil {
+			return badFrame("call without kind")
+		}
+		f.body = d.Rest(transport.MaxBody)
+	default:
+		return badFrame("unknown frame type %d", f.typ)
+	}
+	if err := d.End(); err != nil {
+		return badFrame("%v", err)
+	}
+	return nil
 }
 
 func appendPaxosFrame(b []byte, m *paxos.Message) []byte {
-	b = appendFrameHeader(b, framePaxos, m.From, m.To)
-	return m.Append(b)
+	f := frame{typ: framePaxos, from: m.From, to: m.To, msg: *m}
+	return f.Append(b)
 }
 
 func appendCallFrame(b []byte, from, to ids.ServerID, kind byte, body []byte) []byte {
-	b = appendFrameHeader(b, frameCall, from, to)
-	b = append(b, kind)
-	return append(b, body...)
+	f := frame{typ: frameCall, from: from, to: to, kind: kind, body: body}
+	return f.Append(b)
 }
 
 func badFrame(f string, a ...any) error {
 	return fmt.Errorf("%w: "+f, append([]any{ErrFrame}, a...)...)
 }
 
-// parseFrame decodes a peer request. It checks the layout only; who may send
-// it to whom is checked by the caller.
 func parseFrame(b []byte) (frame, error) {
 	var f frame
-	if len(b) < frameHeader {
-		return f, badFrame("%d bytes, header needs %d", len(b), frameHeader)
+	err := f.Parse(b)
+	return f, err
+}
+
+// peerReply is the answer to a peer request: the handler's reply (empty for
+// a paxos frame), or the text of an error.
+type peerReply struct {
+	err  bool
+	body []byte // the reply, or the error's UTF-8 text
+}
+
+func (r *peerReply) Append(b []byte) []byte {
+	e := codec.Enc{B: b}
+	e.U8(PeerMagic)
+	if r.err {
+		e.U8(replyErr)
+	} else {
+		e.U8(replyOK)
 	}
-	if b[0] != PeerMagic {
-		return f, badFrame("first byte %#x, want %#x", b[0], PeerMagic)
+	return append(e.B, r.body...)
+}
+
+func (r *peerReply) Parse(b []byte) error {
+	d := codec.NewDec(b)
+	if m := d.U8(); d.Err() != nil || m != PeerMagic {
+		return badFrame("reply of %d bytes is not a peer reply", len(b))
 	}
-	if b[1] != frameVersion {
-		return f, badFrame("version %d, want %d", b[1], frameVersion)
-	}
-	f.typ, f.from, f.to = b[2], ids.ServerID(b[3]), ids.ServerID(b[4])
-	if f.from == 0 || f.to == 0 {
-		return f, badFrame("zero server id (from %d, to %d)", f.from, f.to)
-	}
-	if f.from == f.to {
-		return f, badFrame("from %v to itself", f.from)
-	}
-	p := b[frameHeader:]
-	switch f.typ {
-	case framePaxos:
-		m, err := paxos.Parse(p)
-		if err != nil {
-			return f, badFrame("paxos message: %v", err)
-		}
-		if m.From != f.from || m.To != f.to {
-			return f, badFrame("paxos message %v→%v in frame %v→%v", m.From, m.To, f.from, f.to)
-		}
-		f.msg = m
-	case frameCall:
-		if len(p) < 1 {
-			return f, badFrame("call without kind")
-		}
-		f.kind, f.body = p[0], p[1:]
+	switch st := d.U8(); {
+	case d.Err() != nil:
+		return badFrame("reply of %d bytes is not a peer reply", len(b))
+	case st == replyOK || st == replyErr:
+		r.err = st == replyErr
 	default:
-		return f, badFrame("unknown frame type %d", f.typ)
+		return badFrame("reply status %d", st)
 	}
-	return f, nil
+	r.body = d.Rest(transport.MaxBody)
+	if err := d.End(); err != nil {
+		return badFrame("reply: %v", err)
+	}
+	return nil
 }
 
 func okReply(body []byte) []byte {
-	return append([]byte{PeerMagic, replyOK}, body...)
+	r := peerReply{body: body}
+	return r.Append(make([]byte, 0, replyHeader+len(body)))
 }
 
 func errReply(err error) []byte {
@@ -152,24 +214,22 @@ func errReply(err error) []byte {
 	if len(s) > maxErrText {
 		s = strings.ToValidUTF8(s[:maxErrText], "")
 	}
-	return append([]byte{PeerMagic, replyErr}, s...)
+	r := peerReply{err: true, body: []byte(s)}
+	return r.Append(nil)
 }
 
 // parseReply returns the body of an OK reply, or the peer's error wrapped in
 // ErrRemote, or ErrFrame for a reply that is neither.
 func parseReply(b []byte) ([]byte, error) {
-	if len(b) < replyHeader || b[0] != PeerMagic {
-		return nil, badFrame("reply of %d bytes is not a peer reply", len(b))
+	var r peerReply
+	if err := r.Parse(b); err != nil {
+		return nil, err
 	}
-	switch b[1] {
-	case replyOK:
-		return b[replyHeader:], nil
-	case replyErr:
-		s := b[replyHeader:]
-		if len(s) > maxErrText || !utf8.Valid(s) {
-			return nil, fmt.Errorf("%w: (unreadable message of %d bytes)", ErrRemote, len(s))
-		}
-		return nil, fmt.Errorf("%w: %s", ErrRemote, s)
+	if !r.err {
+		return r.body, nil
 	}
-	return nil, badFrame("reply status %d", b[1])
+	if s := r.body; len(s) > maxErrText || !utf8.Valid(s) {
+		return nil, fmt.Errorf("%w: (unreadable message of %d bytes)", ErrRemote, len(s))
+	}
+	return nil, fmt.Errorf("%w: %s", ErrRemote, r.body)
 }

@@ -132,7 +132,7 @@ func TestBadFrames(t *testing.T) {
 		{"not a peer client", ids.ClientID(12345), good},
 		{"client of another peer", peer3, good},
 		{"unknown server", peer9, propose(9, 1)},
-		{"call without kind", peer2, appendFrameHeader(nil, frameCall, 2, 1)},
+		{"call without kind", peer2, appendCallFrame(nil, 2, 1, 7, nil)[:frameHeader]},
 		{"call from another peer", peer3, appendCallFrame(nil, 2, 1, 7, nil)},
 	}
 	for i, tc := range cases {
@@ -304,4 +304,25 @@ func TestSingleServer(t *testing.T) {
 	if _, ok := n.Owns(42); !ok {
 		t.Fatal("lease not renewed")
 	}
+}
+
+// FuzzParseReply: a reply parses back to what encodes it, and one that does
+// not parse is ErrFrame.
+func FuzzParseReply(f *testing.F) {
+	f.Add(okReply(nil))
+	f.Add(okReply([]byte{1, 0, 7, 0, 0, 0, 0, 0, 0, 0, 9}))
+	f.Add(errReply(ErrClosed))
+	f.Add([]byte{PeerMagic, 9})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var r peerReply
+		if err := r.Parse(b); err != nil {
+			if !errors.Is(err, ErrFrame) {
+				t.Fatalf("error %v does not wrap ErrFrame", err)
+			}
+			return
+		}
+		if re := r.Append(nil); !bytes.Equal(re, b) {
+			t.Fatalf("re-encoding differs:\n%x\n%x", re, b)
+		}
+	})
 }
