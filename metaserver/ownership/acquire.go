@@ -43,7 +43,7 @@ func (c *Owner) OnAlloc(ino ids.Ino) error {
 	defer cancel()
 	ep, err := n.Acquire(ctx, ino)
 	var q *paxosnode.QuarantineError
-	for errors.As(err, &q) && sleepCtx(ctx, q.Left) {
+	for errors.As(err, &q) && clock.Sleep(ctx, c.clk, q.Left) == nil {
 		ep, err = n.Acquire(ctx, ino)
 	}
 	if err != nil {
@@ -149,8 +149,7 @@ func (c *Owner) own(ctx context.Context, ino ids.Ino) error {
 		return nil
 	}
 	defer c.owning.lock(ino)()
-	deadline := time.Now().Add(c.acquireFor)
-	octx, cancel := context.WithDeadline(ctx, deadline)
+	octx, cancel := context.WithTimeout(ctx, c.acquireFor)
 	defer cancel()
 	handedOver := false
 	// The hand-over call runs beside the acquire attempts: a dead owner
@@ -173,7 +172,7 @@ func (c *Owner) own(ctx context.Context, ino ids.Ino) error {
 		case errors.As(err, &q):
 			// a restarted server sits out at most T(1+δ): wait rather
 			// than send the client elsewhere
-			sleepCtx(octx, q.Left)
+			clock.Sleep(octx, c.clk, q.Left)
 		case errors.As(err, &no) && no.Owner != c.self:
 			if handover == nil {
 				c.stats.handoversAsked.Add(1)
@@ -181,7 +180,7 @@ func (c *Owner) own(ctx context.Context, ino ids.Ino) error {
 				owner := no.Owner
 				go func() { handover <- c.askHandover(octx, n, owner, ino) }()
 			}
-			t := time.NewTimer(max(c.lease/20, time.Millisecond))
+			t, tc := c.clk.NewTimer(max(c.lease/20, time.Millisecond))
 			select {
 			case herr := <-handover:
 				handover = nil
@@ -190,7 +189,7 @@ func (c *Owner) own(ctx context.Context, ino ids.Ino) error {
 				} else {
 					c.log.Debug("hand-over refused or failed", "ino", ino, "owner", no.Owner, "err", herr)
 				}
-			case <-t.C:
+			case <-tc:
 			case <-octx.Done():
 			}
 			t.Stop()
@@ -209,17 +208,6 @@ func (c *Owner) own(ctx context.Context, ino ids.Ino) error {
 			}
 			return errUnavailable("cannot own %v: its owner neither hands it over nor lapses", ino)
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }
 
@@ -249,7 +237,7 @@ func (c *Owner) handleHandover(ctx context.Context, from ids.ServerID, body []by
 		st := replyStatus{Code: stNotOwner}
 		return st.Append(nil)
 	}
-	start := time.Now()
+	start := c.clk.Now()
 	// Hold the inode's acquire lock: a local request recovering it
 	// meanwhile would otherwise race our release.
 	defer c.owning.lock(ino)()
@@ -267,7 +255,8 @@ func (c *Owner) handleHandover(ctx context.Context, from ids.ServerID, body []by
 	c.locks.EndGrace(ino)
 	n.Release(ino)
 	release()
-	ms := time.Since(start).Milliseconds()
+	took := c.clk.Now().Sub(start)
+	ms := took.Milliseconds()
 	c.stats.handoversGiven.Add(1)
 	for {
 		old := c.stats.handoverMaxMs.Load()
@@ -275,7 +264,7 @@ func (c *Owner) handleHandover(ctx context.Context, from ids.ServerID, body []by
 			break
 		}
 	}
-	c.log.Debug("handed inode over", "ino", ino, "to", from, "took", time.Since(start))
+	c.log.Debug("handed inode over", "ino", ino, "to", from, "took", took)
 	return statusReply(nil)
 }
 

@@ -61,8 +61,9 @@ type Config struct {
 	Faults          *transport.Faults
 	PeerFaults      *transport.Faults // faults on the links to the other servers only (tests)
 	Logger          *slog.Logger
-	// Clock is the lock manager's clock, on which graces end; nil is
-	// clock.Real.
+	// Clock is the lock manager's clock, on which graces end; the owner
+	// times its waits and peer calls on it and gives it to its PaxosLease
+	// node. Nil is clock.Real.
 	Clock clock.Clock
 	// BeforeFetch, if set, is called before anti-entropy copies ino from
 	// peer p (tests: hold a copy back to force an interleaving).
@@ -147,7 +148,7 @@ func New(cfg Config) *Owner {
 		if id != c.self {
 			c.others = append(c.others, id)
 			c.health[id] = &peerHealth{}
-			c.lanes[id] = newPeerLane(func(ctx context.Context, body []byte) (bool, error) {
+			c.lanes[id] = newPeerLane(c.clk, func(ctx context.Context, body []byte) (bool, error) {
 				return c.applyAt(ctx, c.node.Load(), id, body)
 			})
 		}
@@ -179,6 +180,7 @@ func (c *Owner) Start(id *transport.Identity, r *replica.Replica, lk Locks, minE
 		ncfg.Faults = cfg.PeerFaults
 	}
 	ncfg.Logger = cfg.Logger
+	ncfg.Clock = c.clk
 	n, err := paxosnode.New(ncfg)
 	if err != nil {
 		return fmt.Errorf("ownership: %w", err)

@@ -76,7 +76,13 @@ func (c *Owner) replicaStates(ctx context.Context, n *paxosnode.Node, ino ids.In
 	// Once a majority answered, wait a little for the rest: a replica
 	// that holds the newest state already needs only a restamp; a dead one
 	// must not hold the recovery up.
+	var extraT clock.Timer
 	var extra <-chan time.Time
+	defer func() {
+		if extraT != nil {
+			extraT.Stop()
+		}
+	}()
 	for answered := 0; answered < len(c.others); {
 		var r peerResult
 		select {
@@ -99,7 +105,7 @@ func (c *Owner) replicaStates(ctx context.Context, n *paxosnode.Node, ino ids.In
 			best, bestAt = rv, r.id
 		}
 		if extra == nil && len(states) >= c.majority() {
-			extra = time.After(max(c.lease/20, 5*time.Millisecond))
+			extraT, extra = c.clk.NewTimer(max(c.lease/20, 5*time.Millisecond))
 		}
 	}
 	return states, bestAt, nil
@@ -132,7 +138,7 @@ func (c *Owner) takeNewest(ctx context.Context, n *paxosnode.Node, ino ids.Ino, 
 	if bestAt != c.self {
 		src = peerState{c, n, bestAt}
 	}
-	start := time.Now()
+	start := c.clk.Now()
 	// each page keeps the inode in use, so that a long copy does not
 	// let the lease go idle
 	got, err := replica.CopyInode(ctx, src, c.repl, ino,
@@ -144,7 +150,7 @@ func (c *Owner) takeNewest(ctx context.Context, n *paxosnode.Node, ino ids.Ino, 
 		return best, false, errUnavailable("recovering %v: copying its state from %v: %v", ino, bestAt, err)
 	}
 	c.log.Debug("copied inode state", "ino", ino, "from", bestAt, "records", got.Records, "bytes", got.Bytes,
-		"pages", got.Pages, "attempts", got.Attempts, "took", time.Since(start))
+		"pages", got.Pages, "attempts", got.Attempts, "took", c.clk.Now().Sub(start))
 	// the source may have taken a last change of the previous owner
 	// since it answered: write back the state actually copied
 	return replVersion{got.Epoch, got.Version}, got.Records > 0, nil
@@ -241,13 +247,13 @@ func (c *Owner) writeBack(ctx context.Context, n *paxosnode.Node, p ids.ServerID
 // own copy of the whole state, each superseding the last at the replica.
 func (c *Owner) replaceAt(ctx context.Context, n *paxosnode.Node, p ids.ServerID, ino ids.Ino, ep ids.Epoch) error {
 	return c.pushes.join(ctx, pushKey{p, ino, ep}, func() error {
-		start := time.Now()
+		start := c.clk.Now()
 		got, err := replica.CopyInode(ctx, c.repl, peerState{c, n, p}, ino, replica.CopyOptions{Epoch: ep, PageBytes: transferPage})
 		if err != nil {
 			return err
 		}
 		c.log.Debug("sent inode state", "ino", ino, "to", p, "records", got.Records, "bytes", got.Bytes,
-			"pages", got.Pages, "attempts", got.Attempts, "took", time.Since(start))
+			"pages", got.Pages, "attempts", got.Attempts, "took", c.clk.Now().Sub(start))
 		return nil
 	})
 }

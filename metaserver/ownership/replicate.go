@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/metaserver/paxosnode"
 	"github.com/leasefs/leasefs/metaserver/replica"
@@ -26,8 +27,8 @@ func (c *Owner) Replicate(writes []store.Write) error {
 	n := c.node.Load()
 	req := applyReq{Changes: changes}
 	body := req.Append(nil)
-	deadline := time.Now().Add(c.callWait)
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	deadline := c.clk.Now().Add(c.callWait)
+	ctx, cancel := context.WithTimeout(context.Background(), c.callWait)
 	up := 0
 	for _, p := range c.others {
 		if !c.down(p) {
@@ -111,6 +112,7 @@ func (c *Owner) Replicate(writes []store.Write) error {
 // per round trip held a server's concurrent clients to one change per
 // round trip.
 type peerLane struct {
+	clk     clock.Clock
 	apply   func(ctx context.Context, body []byte) (answered bool, err error)
 	mu      sync.Mutex
 	queue   []*laneItem
@@ -122,7 +124,7 @@ type peerLane struct {
 type laneItem struct {
 	changes  []replica.Change
 	body     []byte // applyReq{changes}
-	deadline time.Time
+	deadline clock.Time
 	done     chan error
 }
 
@@ -131,13 +133,13 @@ const (
 	laneBatchMax   = 256     // replicate calls per call
 )
 
-func newPeerLane(apply func(ctx context.Context, body []byte) (bool, error)) *peerLane {
-	return &peerLane{apply: apply}
+func newPeerLane(clk clock.Clock, apply func(ctx context.Context, body []byte) (bool, error)) *peerLane {
+	return &peerLane{clk: clk, apply: apply}
 }
 
 // send queues changes behind every earlier change and returns the channel
 // their result comes on (buffered: nobody need wait for it).
-func (l *peerLane) send(changes []replica.Change, body []byte, deadline time.Time) <-chan error {
+func (l *peerLane) send(changes []replica.Change, body []byte, deadline clock.Time) <-chan error {
 	it := &laneItem{changes: changes, body: body, deadline: deadline, done: make(chan error, 1)}
 	l.mu.Lock()
 	l.queue = append(l.queue, it)
@@ -174,9 +176,9 @@ func (l *peerLane) drain() {
 func (l *peerLane) sendBatch(batch []*laneItem) {
 	deadline := batch[0].deadline
 	for _, it := range batch {
-		deadline = later(deadline, it.deadline)
+		deadline = max(deadline, it.deadline)
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	ctx, cancel := context.WithTimeout(context.Background(), clock.Until(l.clk, deadline))
 	defer cancel()
 	if len(batch) == 1 {
 		_, err := l.apply(ctx, batch[0].body)
@@ -197,18 +199,11 @@ func (l *peerLane) sendBatch(batch []*laneItem) {
 	// The peer refused the batch as a whole (a newer epoch of one of its
 	// inodes): each change gets its own answer.
 	for _, it := range batch {
-		ictx, icancel := context.WithDeadline(context.Background(), later(it.deadline, time.Now().Add(time.Second)))
+		ictx, icancel := context.WithTimeout(context.Background(), max(clock.Until(l.clk, it.deadline), time.Second))
 		_, err := l.apply(ictx, it.body)
 		icancel()
 		it.done <- err
 	}
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
 
 // Uncommitted is the store's Uncommitted: the change reached a majority

@@ -60,6 +60,12 @@ type Config struct {
 	// Clock is the node's monotonic clock; nil means clock.Real.
 	Clock clock.Clock
 
+	// dial, if set, connects this server (from) to the peer at addr
+	// instead of a transport.Client (tests: an in-memory network, so that
+	// a cluster runs in a testing/synctest bubble); unexported, never set
+	// otherwise.
+	dial func(from ids.ServerID, addr string, cfg transport.ClientConfig) peerConn
+
 	// unsafe breaks the core on purpose, so that the tests can show their
 	// checker catches it (test the tester); unexported, never set otherwise.
 	unsafe paxos.Unsafe

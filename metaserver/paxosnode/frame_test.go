@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/leasefs/leasefs/internal/clock"
@@ -283,27 +284,29 @@ func TestBootCounter(t *testing.T) {
 // TestSingleServer: a one-server cluster acquires at once after its
 // quarantine, without the network.
 func TestSingleServer(t *testing.T) {
-	cfg := DefaultConfig(1, map[ids.ServerID]string{1: ""}, t.TempDir(), testIdentity(t))
-	cfg.LeaseTime = testLease
-	n, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	for n.Quarantined() {
-		time.Sleep(5 * time.Millisecond)
-	}
-	ep, err := n.Acquire(context.Background(), 42)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, ok := n.Owns(42); !ok || got != ep {
-		t.Fatalf("Owns = %v, %v", got, ok)
-	}
-	time.Sleep(2 * testLease)
-	if _, ok := n.Owns(42); !ok {
-		t.Fatal("lease not renewed")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultConfig(1, map[ids.ServerID]string{1: ""}, t.TempDir(), testIdentity(t))
+		cfg.LeaseTime = testLease
+		n, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		for n.Quarantined() {
+			time.Sleep(5 * time.Millisecond)
+		}
+		ep, err := n.Acquire(context.Background(), 42)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := n.Owns(42); !ok || got != ep {
+			t.Fatalf("Owns = %v, %v", got, ok)
+		}
+		time.Sleep(2 * testLease)
+		if _, ok := n.Owns(42); !ok {
+			t.Fatal("lease not renewed")
+		}
+	})
 }
 
 // FuzzParseReply: a reply parses back to what encodes it, and one that does

@@ -1,6 +1,7 @@
 package paxosnode
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,9 @@ type testServer struct {
 	faults *transport.Faults // wraps both the server and its peer clients
 	srv    *transport.Server
 	node   atomic.Pointer[Node]
+	// up and handle are the server on an in-memory network (testCluster.mem)
+	up     atomic.Bool
+	handle transport.Handler
 	// closedAt is when the node was last closed (clock.Real), 0 while up:
 	// a closed node believes nothing from then on.
 	closedAt atomic.Int64
@@ -57,19 +61,41 @@ type testServer struct {
 
 type testCluster struct {
 	t       *testing.T
-	servers map[ids.ServerID]*testServer
+	servers map[ids.ServerID]*testServer // fixed at start
 	peers   map[ids.ServerID]string
 	mod     func(*Config)
+	mem     bool // on an in-memory network (newSimCluster)
 }
 
-// newCluster starts n servers with ids 1..n; mod adjusts each config.
+// newCluster starts n servers with ids 1..n on loopback QUIC; mod adjusts
+// each config.
 func newCluster(t *testing.T, n int, mod func(*Config)) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, servers: map[ids.ServerID]*testServer{}, peers: map[ids.ServerID]string{}, mod: mod}
+	return startCluster(t, n, mod, false)
+}
+
+// newSimCluster is newCluster on an in-memory network, for a test in a
+// testing/synctest bubble: the nodes' timers and the tests' sleeps run on
+// the bubble's clock, so a test that waits for leases to run out takes no
+// wall-clock time, and its bounds are on the simulated clock, which load
+// on the machine cannot stretch. Only a Cut of a server's Faults applies.
+func newSimCluster(t *testing.T, n int, mod func(*Config)) *testCluster {
+	t.Helper()
+	return startCluster(t, n, mod, true)
+}
+
+func startCluster(t *testing.T, n int, mod func(*Config), mem bool) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, servers: map[ids.ServerID]*testServer{}, peers: map[ids.ServerID]string{}, mod: mod, mem: mem}
 	for i := 1; i <= n; i++ {
 		s := &testServer{id: ids.ServerID(i), dir: t.TempDir(), faults: transport.NewFaults(uint64(i))}
+		if mem {
+			s.addr = fmt.Sprintf("mem:%d", i)
+		}
 		c.listen(s, "127.0.0.1:0")
-		s.addr = s.srv.Addr().String()
+		if !mem {
+			s.addr = s.srv.Addr().String()
+		}
 		c.servers[s.id] = s
 		c.peers[s.id] = s.addr
 	}
@@ -101,6 +127,11 @@ func (c *testCluster) listen(s *testServer, addr string) {
 		}
 		return n.HandlePeer(ctx, req)
 	}
+	if c.mem {
+		s.handle = h
+		s.up.Store(true)
+		return
+	}
 	var err error
 	for try := 0; try < 50; try++ {
 		s.srv, err = transport.Listen(addr, transport.ServerConfig{
@@ -120,6 +151,13 @@ func (c *testCluster) config(id ids.ServerID) Config {
 	cfg.IdleRelease = time.Minute
 	cfg.Faults = s.faults
 	cfg.Logger = testLogger(c.t)
+	if c.mem {
+		cfg.dial = func(from ids.ServerID, addr string, _ transport.ClientConfig) peerConn {
+			var to ids.ServerID
+			fmt.Sscanf(addr, "mem:%d", &to)
+			return &memConn{c: c, from: from, to: to}
+		}
+	}
 	if c.mod != nil {
 		c.mod(&cfg)
 	}
@@ -147,8 +185,43 @@ func (c *testCluster) kill(id ids.ServerID) {
 	s.closedAt.Store(int64(clock.Real{}.Now()))
 	n.Close()
 	s.node.Store(nil)
-	s.srv.Close()
-	s.srv = nil
+	s.up.Store(false)
+	if s.srv != nil {
+		s.srv.Close()
+		s.srv = nil
+	}
+}
+
+// memConn is a link of the in-memory network: a call runs the peer's
+// handler at once, unless the peer is down or either end is cut off, in
+// which case it is resent, as the transport does, until ctx ends.
+type memConn struct {
+	c        *testCluster
+	from, to ids.ServerID
+	closed   atomic.Bool
+}
+
+func (m *memConn) Call(ctx context.Context, h transport.Header, body []byte) ([]byte, error) {
+	src, dst := m.c.servers[m.from], m.c.servers[m.to]
+	for {
+		if m.closed.Load() {
+			return nil, transport.ErrClosed
+		}
+		if dst.up.Load() && !dst.faults.Spec().Cut && !src.faults.Spec().Cut {
+			rep := dst.handle(ctx, &transport.Request{Header: h, Body: bytes.Clone(body)})
+			return bytes.Clone(rep), nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func (m *memConn) Close() error {
+	m.closed.Store(true)
+	return nil
 }
 
 // restart brings a killed server back on its address and data directory.

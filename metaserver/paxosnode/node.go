@@ -102,7 +102,8 @@ type Node struct {
 	// that a retried Acquire inherits its backoff instead of starting an
 	// attempt at once (which would outbid the owner's renewals)
 	abandoned map[ids.Ino]clock.Time
-	timer     *time.Timer
+	timer     clock.Timer // set to the core's next deadline
+	timerC    <-chan time.Time
 	dirty     bool // the core was called after the last Ready
 
 	useMu   sync.Mutex
@@ -152,7 +153,7 @@ func New(cfg Config) (*Node, error) {
 		lossWake:  make(chan struct{}, 1),
 	}
 	n.peers = newPeers(&cfg, boot, n.st)
-	n.timer = time.NewTimer(time.Hour)
+	n.timer, n.timerC = n.clk.NewTimer(time.Hour)
 	n.timer.Stop()
 	n.log.Info("paxosnode: node started", "boot", boot, "peers", len(cfg.Peers),
 		"lease", cfg.LeaseTime, "quarantine", cfg.Quarantine, "min_epoch", cfg.MinEpoch)
@@ -483,7 +484,8 @@ func (n *Node) run() {
 	defer n.wg.Done()
 	defer close(n.loopDone)
 	// idle releases and abandoned wants are checked a few times per period
-	idle := time.NewTicker(min(n.cfg.IdleRelease/4, n.cfg.LeaseTime))
+	idlePeriod := min(n.cfg.IdleRelease/4, n.cfg.LeaseTime)
+	idle, idleC := n.clk.NewTimer(idlePeriod)
 	defer idle.Stop()
 	defer n.timer.Stop()
 	for {
@@ -514,12 +516,13 @@ func (n *Node) run() {
 			now := n.clk.Now()
 			fn(now)
 			n.process(now)
-		case <-n.timer.C:
+		case <-n.timerC:
 			now := n.clk.Now()
 			n.core.Tick(now)
 			n.dirty = true
 			n.process(now)
-		case <-idle.C:
+		case <-idleC:
+			idle.Reset(idlePeriod)
 			now := n.clk.Now()
 			n.releaseIdle(now)
 			n.process(now)

@@ -72,14 +72,21 @@ type Peers struct {
 	wg     sync.WaitGroup
 }
 
+// peerConn is a connection to a peer: a *transport.Client, or in tests a
+// link of an in-memory network (Config.dial).
+type peerConn interface {
+	Call(ctx context.Context, h transport.Header, body []byte) ([]byte, error)
+	Close() error
+}
+
 type link struct {
 	id   ids.ServerID
 	addr string
-	c    *transport.Client // calls: replication, recovery, hand-overs
+	c    peerConn // calls: replication, recovery, hand-overs
 	// paxos carries PaxosLease messages on a connection of their own, so
 	// that bulk replication filling the calls' flow-control window never
 	// holds back a renewal (its lease would lapse).
-	paxos    *transport.Client
+	paxos    peerConn
 	wake     chan struct{} // capacity 1
 	paxosSeq atomic.Uint64
 	callSeq  atomic.Uint64
@@ -122,7 +129,13 @@ func newPeers(cfg *Config, boot uint16, st *counters) *Peers {
 			Faults:      cfg.Faults,
 			DialTimeout: max(cfg.SendTimeout, time.Second),
 		}
-		l.c, l.paxos = transport.NewClient(addr, ccfg), transport.NewClient(addr, ccfg)
+		dial := cfg.dial
+		if dial == nil {
+			dial = func(_ ids.ServerID, addr string, ccfg transport.ClientConfig) peerConn {
+				return transport.NewClient(addr, ccfg)
+			}
+		}
+		l.c, l.paxos = dial(cfg.ID, addr, ccfg), dial(cfg.ID, addr, ccfg)
 		p.links[id] = l
 		p.wg.Add(1)
 		go p.sendLoop(l)
@@ -248,10 +261,8 @@ func (p *Peers) flush(ctx context.Context) error {
 			if idle {
 				break
 			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("paxosnode: flush to %v: %w", l.id, ctx.Err())
-			case <-time.After(time.Millisecond):
+			if err := clock.Sleep(ctx, p.clk, time.Millisecond); err != nil {
+				return fmt.Errorf("paxosnode: flush to %v: %w", l.id, err)
 			}
 		}
 	}
