@@ -256,7 +256,7 @@ func (c *Client) stamp(cn *conn, req *wire.Request, cacheGen uint64) (sending, e
 // the server given up) and says what becomes of the request: a NACKed
 // request was not executed, and goes again unless o says otherwise.
 func (c *Client) afterLoss(ctx context.Context, cn *conn, lost ids.SessionID, o sendOpts) (sendStep, error) {
-	if err := c.recover(ctx, cn, lost); err != nil {
+	if err := c.recoverSession(ctx, cn, lost); err != nil {
 		return sendDone, err
 	}
 	switch {

@@ -92,11 +92,11 @@ func (c *Client) openSession(ctx context.Context, cn *conn) error {
 	}
 }
 
-// recover handles the loss of the session `lost` on cn, by a NACK or by
+// recoverSession handles the loss of the session `lost` on cn, by a NACK or by
 // giving its server up: drop every cache, the kernel's too, open a new
 // session there unless the server was given up (once, however many
 // requests saw it), and reclaim buffered writes.
-func (c *Client) recover(ctx context.Context, cn *conn, lost ids.SessionID) error {
+func (c *Client) recoverSession(ctx context.Context, cn *conn, lost ids.SessionID) error {
 	dropped, err := c.renewSession(ctx, cn, lost)
 	if dropped {
 		c.wb.reclaim(ctx)

@@ -227,7 +227,7 @@ func Run(opt Options) Result {
 		}
 		s.now = e.at
 		s.res.Events++
-		s.dispatch(e)
+		s.deliver(e)
 		s.check()
 	}
 	if s.res.Violation == "" {
@@ -326,7 +326,7 @@ func (s *sim) transmit(to ids.ServerID, data []byte) string {
 	return " (" + strings.Join(fate, ", ") + ")"
 }
 
-func (s *sim) dispatch(e *event) {
+func (s *sim) deliver(e *event) {
 	switch e.kind {
 	case evDeliver, evWake, evWant:
 		n := s.node(e.node)
