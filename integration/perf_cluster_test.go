@@ -85,7 +85,7 @@ func BenchmarkPerfCluster(b *testing.B) {
 	e := newPerfEnv(b, sz, tmpfsDir(b, "scratch"), false)
 	atRest := rssLine("at rest", s, m) + "\n" + clusterRSSLines("at rest", c, cm)
 
-	sides := []perfSide{{"single", m.dir, m.sync}, {"cluster", cm.dir, cm.sync}, {"loopback", loop, nil}}
+	sides := []perfSide{{name: "single", root: m.dir, settle: m.sync}, {name: "cluster", root: cm.dir, settle: cm.sync}, {name: "loopback", root: loop}}
 	rows := runPerfPasses(b, e, sides, func(b *testing.B, med []time.Duration) {
 		one, three, lo := med[0].Seconds(), med[1].Seconds(), med[2].Seconds()
 		b.ReportMetric(float64(med[1].Nanoseconds()), "ns/op")
