@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/dgraph-io/badger/v4"
 
@@ -93,9 +97,36 @@ func (b badgerKV) view(fn func(kvTxn) error) error {
 	return b.db.View(func(t *badger.Txn) error { return fn(badgerTxn{t: t}) })
 }
 
-func (b badgerKV) sync() error             { return b.db.Sync() }
-func (b badgerKV) close() error            { return b.db.Close() }
-func (b badgerKV) size() (lsm, vlog int64) { return b.db.Size() }
+func (b badgerKV) sync() error  { return b.db.Sync() }
+func (b badgerKV) close() error { return b.db.Close() }
+
+// size is what the store takes on disk: its tables, and the blocks its value
+// log files hold (they are sparse and mapped larger than they are written).
+// badger's own Size reads its metrics, which are off.
+func (b badgerKV) size() (lsm, vlog int64) {
+	lsm = levelsSize(b.db)
+	dir := b.db.Opts().ValueDir
+	if b.db.Opts().InMemory || dir == "" {
+		return lsm, 0
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		var st syscall.Stat_t
+		if strings.HasSuffix(e.Name(), ".vlog") && syscall.Stat(filepath.Join(dir, e.Name()), &st) == nil {
+			vlog += st.Blocks * 512
+		}
+	}
+	return lsm, vlog
+}
+
+// levelsSize is the size of badger's table files.
+func levelsSize(db *badger.DB) int64 {
+	var n int64
+	for _, l := range db.Levels() {
+		n += l.Size
+	}
+	return n
+}
 
 type badgerTxn struct {
 	t         *badger.Txn

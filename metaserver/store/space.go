@@ -696,7 +696,7 @@ func (s *Store) spaceLoop() {
 			return
 		case <-t.C:
 		}
-		s.space.measure(s.lsmSize())
+		s.space.measure(levelsSize(s.db))
 		r, f := s.space.removed.Load(), s.space.refused.Load()
 		settled := r == prevRemoved // not in the middle of a purge
 		prevRemoved = r
@@ -720,15 +720,6 @@ func (s *Store) spaceLoop() {
 		s.space.keepReserve()
 		s.space.prepareWAL()
 	}
-}
-
-// lsmSize is the size of badger's table files.
-func (s *Store) lsmSize() int64 {
-	var n int64
-	for _, l := range s.db.Levels() {
-		n += l.Size
-	}
-	return n
 }
 
 // reclaim makes badger give back the space of removed records now. A

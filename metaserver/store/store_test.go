@@ -1352,3 +1352,22 @@ func TestStoreAttrChange(t *testing.T) {
 		t.Fatal("a record of neither format's size read")
 	}
 }
+
+// TestStoreSize: the size reported is what the files take, so that the
+// sparse file's bound above can fail.
+func TestStoreSize(t *testing.T) {
+	s := newStore(t)
+	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
+	data := make([]byte, 1<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	for i := range 8 {
+		must[Attr](t)(s.Write(f.Ino, uint64(i)<<20, data, int64(2+i)))
+	}
+	must[any](t)(nil, s.Sync())
+	lsm, vlog := s.Size()
+	if lsm+vlog < 8<<20 || lsm+vlog > 64<<20 {
+		t.Fatalf("8 MiB written, the store reports %d+%d bytes", lsm, vlog)
+	}
+}
