@@ -42,5 +42,5 @@
 // no reader can still fetch them. Reference counts are not persisted:
 // Load counts them again from the records, and checks every invariant.
 // Records are AppendExtent/ParseExtent (ExtentRecordLen bytes) and
-// AppendBlock/ParseBlock (BlockRecordLen: 285 bytes for a 4 MiB block).
+// AppendBlock/ParseBlock (BlockRecordLen: 281 bytes for a 4 MiB block).
 package blockmap
