@@ -48,22 +48,24 @@ func TestModel(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("seed %d: rerun with go test ./blocks/blockmap -run TestModel -blockmap.seed=%d", seed, seed)
+			t.Logf("seed %d: rerun with go test ./blocks/blockmap -run TestModel -args -blockmap.seed=%d", seed, seed)
 		}
 	})
 	md := &model{t: t, r: rand.New(rand.NewPCG(seed, 1)), m: New(42),
 		data: make([]byte, modelSpan), has: make([]bool, modelSpan),
 		store: map[Unique][]byte{}, recExt: map[uint64]Extent{}, recBlk: map[Unique]Block{}}
 	counts := map[string]int{}
+	most := 0
 	for i := range *opsFlag {
 		op := md.step()
 		counts[op]++
+		most = max(most, len(md.m.ext))
 		md.check()
 		if t.Failed() {
 			t.Fatalf("op %d (%s) broke the model; extents %v", i, op, md.m.ext)
 		}
 	}
-	t.Logf("ops %v; %d extents, %d blocks at the end", counts, len(md.m.ext), len(md.m.blocks))
+	t.Logf("ops %v; at most %d extents; %d extents, %d blocks at the end", counts, most, len(md.m.ext), len(md.m.blocks))
 }
 
 func (md *model) uid() Unique {
@@ -87,7 +89,11 @@ func (md *model) step() string {
 		md.write()
 		return "write"
 	case p < 45:
-		size := uint64(md.r.IntN(modelSpan))
+		// Mostly a small cut, so that fragmentation builds up.
+		size := md.size - uint64(md.r.IntN(int(md.size)/8+1))
+		if md.r.IntN(8) == 0 {
+			size = uint64(md.r.IntN(modelSpan))
+		}
 		if md.r.IntN(4) == 0 {
 			size = md.size + uint64(md.r.IntN(1000)) // grow: a hole at the end
 		}
@@ -99,7 +105,7 @@ func (md *model) step() string {
 		md.size = size
 		return "truncate"
 	case p < 55:
-		off, n := md.rng(8000)
+		off, n := md.rng(2000)
 		md.apply(md.m.PunchHole(off, n))
 		for i := off; i < off+n; i++ {
 			md.data[i], md.has[i] = 0, false
@@ -111,7 +117,7 @@ func (md *model) step() string {
 	case p < 90:
 		md.seek()
 		return "seek"
-	case p < 95:
+	case p < 92:
 		md.compact()
 		return "compact"
 	default:
@@ -131,7 +137,11 @@ func (md *model) write() {
 		if off >= modelSpan {
 			break
 		}
-		n := uint64(1 + md.r.IntN(min(3000, modelSpan-int(off))))
+		maxLen := 3000
+		if md.r.IntN(2) == 0 {
+			maxLen = 200
+		}
+		n := uint64(1 + md.r.IntN(min(maxLen, modelSpan-int(off))))
 		exts = append(exts, Extent{Off: off, Len: n, Block: un, BlockOff: boff})
 		boff += n
 		if md.r.IntN(3) != 0 {
