@@ -67,7 +67,8 @@ type DigestPage struct {
 func (p DigestPage) Last() bool { return p.Through == MaxIno }
 
 // digestPrefixes are every kind an inode can have, 'E' included, in key order.
-var digestPrefixes = [...]byte{store.RecAttr, store.RecCookie, store.RecEntry, store.RecRepl, store.RecSymlink, store.RecPage, store.RecDone, store.RecXattr}
+var digestPrefixes = [...]byte{store.RecAttr, store.RecExtent, store.RecCookie, store.RecEntry, store.RecRepl,
+	store.RecGarbage, store.RecSymlink, store.RecPage, store.RecDone, store.RecBlock, store.RecXattr}
 
 // Digest returns the page of at most max inodes (0: 1024) after after,
 // ending at the last inode it holds, or at MaxIno if no inode follows. Walk

@@ -27,7 +27,8 @@ func New(st *store.Store) *Replica { return &Replica{st: st, log: st.Logger()} }
 
 // replPrefixes are the record kinds replicated with an inode, in key order,
 // its 'E' state excluded.
-var replPrefixes = [...]byte{store.RecAttr, store.RecCookie, store.RecEntry, store.RecSymlink, store.RecPage, store.RecDone, store.RecXattr}
+var replPrefixes = [...]byte{store.RecAttr, store.RecExtent, store.RecCookie, store.RecEntry, store.RecGarbage,
+	store.RecSymlink, store.RecPage, store.RecDone, store.RecBlock, store.RecXattr}
 
 // MaxIno is the largest inode number; a digest page through it is the last.
 const MaxIno = ids.Ino(^uint64(0))

@@ -45,6 +45,9 @@ func (s *Store) ReadWithAttr(ino ids.Ino, off uint64, size int, alloc func(n int
 		if err := checkRegular(n); err != nil {
 			return err
 		}
+		if n.mapped {
+			return ErrMapped
+		}
 		attr = n.Attr
 		if off >= n.Size {
 			out = []byte{}
@@ -76,6 +79,9 @@ func (s *Store) ReadAt(ino ids.Ino, off uint64, dst []byte) (int, error) {
 		}
 		if err := checkRegular(n); err != nil {
 			return err
+		}
+		if n.mapped {
+			return ErrMapped
 		}
 		if off >= n.Size {
 			return nil
@@ -194,6 +200,9 @@ func (s *Store) writeSetAttr(ino ids.Ino, spansAt func(size uint64) []wire.Span,
 		if len(data) == 0 && in.Valid == 0 {
 			a = n.Attr
 			return nil
+		}
+		if n.mapped && len(data) > 0 {
+			return ErrMapped
 		}
 		if err := tx.writeSpans(n, spans, data); err != nil {
 			return err
@@ -314,10 +323,14 @@ func (tx *Tx) writeSpans(n *inode, spans []wire.Span, data []byte) error {
 }
 
 // truncate drops n's data past size (at most about deleteBatch pages; shrink
-// takes the rest first). It does not change n.
-func (tx *Tx) truncate(n *inode, size uint64) error {
+// takes the rest first). It does not change n's size; a block-mapped
+// file's freed blocks become garbage (now is the change's time).
+func (tx *Tx) truncate(n *inode, size uint64, now int64) error {
 	if size >= n.Size {
-		return nil // pages never hold bytes past Size: an extension reads zeros
+		return nil // pages and extents never hold bytes past Size: an extension reads zeros
+	}
+	if n.mapped {
+		return tx.truncateBlocks(n, size, now)
 	}
 	first := (size + PageSize - 1) / PageSize
 	var keys [][]byte
@@ -368,7 +381,7 @@ func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 			if err != nil {
 				return err
 			}
-			if modeType(n.Mode) != syscall.S_IFREG || n.Size <= size {
+			if modeType(n.Mode) != syscall.S_IFREG || n.Size <= size || n.mapped {
 				done = true
 				return nil
 			}
@@ -409,8 +422,10 @@ func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 	}
 }
 
-// Purge deletes an unlinked inode (Nlink 0): its attributes, pages, xattrs
-// and symlink target. It does nothing to a linked inode. Call it when the last
+// Purge deletes an unlinked inode (Nlink 0): its attributes, pages or
+// block map (whose blocks become garbage, due Options.GarbageDelay from
+// Options.Clock's now), xattrs and symlink target. It does nothing to a
+// linked inode. Call it when the last
 // handle of an unlinked file closes, or at once if none is open. A big file
 // takes several transactions; a crash in between leaves an orphan that
 // Open purges.
@@ -442,7 +457,7 @@ func (s *Store) Purge(ino ids.Ino) error {
 				done = true
 				return nil
 			}
-			last, done, err = tx.purgeStep(n, from)
+			last, done, err = tx.purgeStep(n, from, s.clock())
 			return err
 		})
 		if err != nil || done {
@@ -456,10 +471,39 @@ func (s *Store) Purge(ino ids.Ino) error {
 // without looking for them.
 const blindDeletePages = 64
 
-// purgeStep deletes up to deleteBatch of unlinked n's pages from the page
-// key from (nil: the first), and once none are left, all else of n. It
-// reports the last page key it deleted and whether n is gone.
-func (tx *Tx) purgeStep(n *inode, from []byte) (last []byte, done bool, err error) {
+// purgeStep deletes up to deleteBatch of unlinked n's pages or block map
+// records from the key from (nil: the first), and once none are left, all
+// else of n. It reports the last key it deleted and whether n is gone. The
+// blocks it frees are due for deletion from now on, after the store's
+// delay.
+func (tx *Tx) purgeStep(n *inode, from []byte, now int64) (last []byte, done bool, err error) {
+	if n.mapped {
+		last, done, err = tx.purgeBlocks(n, from, now+tx.st.garbageWait)
+	} else {
+		last, done, err = tx.purgePages(n, from)
+	}
+	if err != nil || !done {
+		return last, false, err
+	}
+	if err := tx.delXattrs(n.Ino); err != nil {
+		return nil, false, err
+	}
+	if err := tx.delDone(n.Ino); err != nil {
+		return nil, false, err
+	}
+	if modeType(n.Mode) == syscall.S_IFLNK {
+		if err := tx.del(tx.key(RecSymlink, n.Ino, nil)); err != nil {
+			return nil, false, err
+		}
+	}
+	n.deleted = true
+	return nil, true, nil
+}
+
+// purgePages deletes up to deleteBatch of unlinked n's pages from the page
+// key from (nil: the first). It reports the last key it deleted and
+// whether none are left.
+func (tx *Tx) purgePages(n *inode, from []byte) (last []byte, done bool, err error) {
 	var keys [][]byte
 	if pages := (n.Size + PageSize - 1) / PageSize; from == nil && pages <= blindDeletePages {
 		// pages never lie past Size: delete each one that may exist,
@@ -484,18 +528,6 @@ func (tx *Tx) purgeStep(n *inode, from []byte) (last []byte, done bool, err erro
 	if len(keys) == deleteBatch {
 		return keys[len(keys)-1], false, nil // more pages: another transaction
 	}
-	if err := tx.delXattrs(n.Ino); err != nil {
-		return nil, false, err
-	}
-	if err := tx.delDone(n.Ino); err != nil {
-		return nil, false, err
-	}
-	if modeType(n.Mode) == syscall.S_IFLNK {
-		if err := tx.del(tx.key(RecSymlink, n.Ino, nil)); err != nil {
-			return nil, false, err
-		}
-	}
-	n.deleted = true
 	return nil, true, nil
 }
 

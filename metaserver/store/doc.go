@@ -9,10 +9,17 @@
 // Every key is a one-byte record kind, the big-endian inode number the
 // record belongs to, and a suffix:
 //
-//	'A' ino                 attributes (inode record; dirs also keep parent and next cookie)
+//	'A' ino                 attributes (inode record; dirs also keep parent and next cookie;
+//	                        a block-mapped file's, under its own format, its stored bytes)
 //	'D' dir name            directory entry: child ino, type bits, cookie
 //	'C' dir cookie(8)       cookie index: child ino, type bits, name (ReadDir order)
 //	'P' ino page(8)         file data page: up to PageSize bytes, never past Size
+//	'B' ino off(8)          extent of a block-mapped file, keyed by its file offset
+//	                        (blockmap.AppendExtent); never past Size
+//	'U' ino unique(16)      block an extent points into: size, checksums (blockmap.AppendBlock)
+//	'G' ino due(8) unique(16)  garbage: a block of ino no extent references any more, to
+//	                        delete from the block store at due (unix ns) or later; the
+//	                        value is its size (blockmap.go)
 //	'X' ino name            extended attribute value
 //	'L' ino                 symlink target
 //	'R' ino client(8)       request ids of the client's latest changes to ino (done.go)
@@ -24,6 +31,17 @@
 //
 // Records belong to exactly one inode (DESIGN.md), so ownership and
 // replication can work per inode: a Write names its inode (Write.Ino).
+// Garbage too: keyed by its inode first, it replicates and transfers with
+// the inode's other records, so a new owner after a failover collects what
+// the old one freed; DueGarbage finds due records by a scan of all 'G'.
+// Block records are 'U', not 'K': 'K' held file data in 64 KiB chunks in
+// store format 1, and a peer that old may still send them (LegacyHint).
+//
+// A regular file keeps its data in pages or in a block map, never both:
+// the attribute record says which. The page operations answer ErrMapped
+// for a block-mapped file, the block map ones ErrNotMapped for a file
+// with pages; a file with neither becomes block-mapped at its first
+// CommitBlocks, and stays so until it is purged.
 //
 // # Caller's duties
 //

@@ -61,21 +61,37 @@ func (s *Store) For(o Origin) *Store {
 // be made now.
 func (s *Store) Applied(o Origin) (applied, stale bool, err error) {
 	err = s.view(func(tx *Tx) error {
-		applied, stale = false, false
-		_, err := tx.get(tx.key64(RecDone, o.Ino, uint64(o.Client)), func(v []byte) error {
-			if len(v) < doneHeader {
-				return nil
-			}
-			oldest := binary.LittleEndian.Uint64(v)
-			for v = v[doneHeader:]; len(v) >= doneEntry; v = v[doneEntry:] {
-				if binary.LittleEndian.Uint64(v) == o.Req {
-					applied = true
-				}
-			}
-			stale = !applied && o.Req < oldest
-			return nil
-		})
+		applied, stale, err = tx.appliedStale(o)
 		return err
+	})
+	return applied, stale, err
+}
+
+// applied reports whether the transaction finds a change for o made
+// already (false for a zero Client): an operation that checks it in its
+// own transaction is made once however often it is sent.
+func (tx *Tx) applied(o Origin) (bool, error) {
+	if o.Client == 0 {
+		return false, nil
+	}
+	applied, _, err := tx.appliedStale(o)
+	return applied, err
+}
+
+// appliedStale is Applied in the transaction.
+func (tx *Tx) appliedStale(o Origin) (applied, stale bool, err error) {
+	_, err = tx.get(tx.key64(RecDone, o.Ino, uint64(o.Client)), func(v []byte) error {
+		if len(v) < doneHeader {
+			return nil
+		}
+		oldest := binary.LittleEndian.Uint64(v)
+		for v = v[doneHeader:]; len(v) >= doneEntry; v = v[doneEntry:] {
+			if binary.LittleEndian.Uint64(v) == o.Req {
+				applied = true
+			}
+		}
+		stale = !applied && o.Req < oldest
+		return nil
 	})
 	return applied, stale, err
 }

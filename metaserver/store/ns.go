@@ -141,8 +141,9 @@ func (s *Store) GetAttr(ino ids.Ino) (Attr, error) {
 }
 
 // SetAttr changes attributes. A size change truncates or extends the file:
-// pages past the new size are dropped and the last partial page is cut, so
-// a later extension reads zeros. Truncating away more than deleteBatch pages
+// pages past the new size are dropped and the last partial page is cut (a
+// block-mapped file's extents are cut and the blocks they leave become
+// garbage), so a later extension reads zeros. Truncating away more than deleteBatch pages
 // takes several transactions, each leaving a valid shorter file.
 func (s *Store) SetAttr(ino ids.Ino, in SetAttrIn, now int64) (Attr, error) {
 	if in.Valid&wire.SetSize != 0 {
@@ -165,7 +166,7 @@ func (s *Store) SetAttr(ino ids.Ino, in SetAttrIn, now int64) (Attr, error) {
 				return err
 			}
 			if in.Size != n.Size {
-				if err := tx.truncate(n, in.Size); err != nil {
+				if err := tx.truncate(n, in.Size, now); err != nil {
 					return err
 				}
 				n.Size = in.Size
@@ -465,7 +466,7 @@ func (s *Store) Unlink(parent ids.Ino, name string, now int64, mayPurge func(ids
 		n.touch()
 		removed = n.Attr
 		if n.Nlink == 0 && mayPurge != nil && mayPurge(n.Ino) {
-			_, purged, err = tx.purgeStep(n, nil)
+			_, purged, err = tx.purgeStep(n, nil, now)
 		}
 		return err
 	})

@@ -144,7 +144,7 @@ func (c *txnCost) del(key []byte) {
 	c.wal += int64(entryOverhead + len(key))
 	if len(key) > 0 {
 		switch key[0] {
-		case RecAttr, RecEntry, RecCookie, RecPage, RecXattr, RecSymlink:
+		case RecAttr, RecEntry, RecCookie, RecPage, RecXattr, RecSymlink, RecExtent, RecBlock, RecGarbage:
 			c.removes++
 		}
 	}

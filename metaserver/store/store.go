@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -34,6 +35,9 @@ const (
 	RecServer  = 'S'
 	RecFormat  = 'F'
 	RecStage   = 'T'
+	RecExtent  = 'B'
+	RecBlock   = 'U'
+	RecGarbage = 'G'
 )
 
 const (
@@ -92,7 +96,7 @@ type Attr struct {
 	Uid, Gid            uint32
 	Rdev                uint32
 	Size                uint64
-	Blocks              uint64 // 512-byte blocks, from Size (holes are not tracked)
+	Blocks              uint64 // 512-byte blocks: a block-mapped file's stored bytes, else from Size
 	Atime, Mtime, Ctime int64  // unix nanoseconds (file times are wall-clock by nature)
 	Version             uint64 // incremented on every data or size change (reclaim compares it)
 	// Change is incremented each time the attribute record is written:
@@ -165,6 +169,13 @@ type Options struct {
 	// cluster the records are replicated and only an inode's owner may
 	// delete them.
 	NoOrphanPurge bool
+	// GarbageDelay is how long after its last reference went a block may
+	// be deleted: no reader may still hold a lock under which it read the
+	// map (the server passes τ(1+δ) and a margin; 0: DefaultGarbageDelay).
+	GarbageDelay time.Duration
+	// Clock, if set, is the time in unix nanoseconds for the changes that
+	// take none from their caller (Purge); tests set it.
+	Clock func() int64
 
 	// valueThreshold overrides where values go (LSM below, value log at or
 	// above); for the benchmark that chose the default.
@@ -218,6 +229,8 @@ type storeCore struct {
 	uncommitted func([]Write)
 	onAlloc     func(ids.Ino) error
 	maxSize     uint64 // the largest file size taken
+	garbageWait int64  // GarbageDelay in nanoseconds
+	clock       func() int64
 
 	// changeMu serialises changes recorded with the same inode (striped;
 	// see update).
@@ -254,6 +267,11 @@ func Open(dir string, opts Options) (*Store, error) {
 		maxSize: MaxFileSize, stop: make(chan struct{}), done: make(chan struct{})}}
 	if opts.MaxFileSize != 0 {
 		s.maxSize = min(opts.MaxFileSize, MaxFileSize)
+	}
+	s.garbageWait = int64(cmp.Or(opts.GarbageDelay, DefaultGarbageDelay))
+	s.clock = opts.Clock
+	if s.clock == nil {
+		s.clock = func() int64 { return time.Now().UnixNano() }
 	}
 	bopts := badger.DefaultOptions("")
 	sizes := badgerSizes{vlogFile: valueLogFileSize}
@@ -669,21 +687,34 @@ type inode struct {
 	Attr
 	parent     ids.Ino
 	nextCookie uint64
-	dirty      bool
-	deleted    bool
+	// mapped: the file's data is a block map ('B' and 'U' records), not
+	// pages; stored is its Map.StoredBytes. Kept in the attribute record,
+	// so that st_blocks and the check of a page write cost no lookup.
+	mapped  bool
+	stored  uint64
+	dirty   bool
+	deleted bool
 }
 
 // The attribute record's formats: 1 had no Change (read as 0, written as
-// 2 at the inode's next change).
+// 2 at the inode's next change); a block-mapped file's is 2's and its
+// stored bytes, under its own format byte, which a leasefs that does not
+// know block maps refuses instead of reading the file as pages.
 const (
-	inodeFormat   = 2
-	inodeSize     = 1 + 5*4 + 5*8 + 2*8 + 8
-	inodeSizeOld  = inodeSize - 8
-	inodeFormatV1 = 1
+	inodeFormat       = 2
+	inodeSize         = 1 + 5*4 + 5*8 + 2*8 + 8
+	inodeSizeOld      = inodeSize - 8
+	inodeFormatV1     = 1
+	inodeFormatMapped = 3
+	inodeSizeMapped   = inodeSize + 8
 )
 
 func (in *inode) encode(b []byte) []byte {
-	b = append(b, inodeFormat)
+	if in.mapped {
+		b = append(b, inodeFormatMapped)
+	} else {
+		b = append(b, inodeFormat)
+	}
 	b = binary.BigEndian.AppendUint32(b, in.Mode)
 	b = binary.BigEndian.AppendUint32(b, in.Nlink)
 	b = binary.BigEndian.AppendUint32(b, in.Uid)
@@ -697,13 +728,18 @@ func (in *inode) encode(b []byte) []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(in.parent))
 	b = binary.BigEndian.AppendUint64(b, in.nextCookie)
 	b = binary.BigEndian.AppendUint64(b, in.Change)
+	if in.mapped {
+		b = binary.BigEndian.AppendUint64(b, in.stored)
+	}
 	return b
 }
 
 func (in *inode) decode(ino ids.Ino, v []byte) error {
-	if !(len(v) == inodeSize && v[0] == inodeFormat || len(v) == inodeSizeOld && v[0] == inodeFormatV1) {
+	if !(len(v) == inodeSize && v[0] == inodeFormat || len(v) == inodeSizeOld && v[0] == inodeFormatV1 ||
+		len(v) == inodeSizeMapped && v[0] == inodeFormatMapped) {
 		return wire.Errf(wire.CodeIO, "corrupt attribute record of %v (%d bytes)", ino, len(v))
 	}
+	format := v[0]
 	v = v[1:]
 	u32 := func() uint32 { x := binary.BigEndian.Uint32(v); v = v[4:]; return x }
 	u64 := func() uint64 { x := binary.BigEndian.Uint64(v); v = v[8:]; return x }
@@ -718,8 +754,22 @@ func (in *inode) decode(ino ids.Ino, v []byte) error {
 	if len(v) >= 8 {
 		in.Change = u64()
 	}
-	in.Blocks = (in.Size + 511) / 512
+	in.mapped, in.stored = format == inodeFormatMapped, 0
+	if in.mapped {
+		in.stored = u64()
+	}
+	in.setBlocks()
 	return nil
+}
+
+// setBlocks sets st_blocks: what a block-mapped file stores, else its size
+// (holes in pages are not tracked).
+func (in *inode) setBlocks() {
+	if in.mapped {
+		in.Blocks = in.stored / 512
+	} else {
+		in.Blocks = (in.Size + 511) / 512
+	}
 }
 
 var (
@@ -786,7 +836,7 @@ func (in *inode) touch() {
 		in.dirty = true
 		in.Change++
 	}
-	in.Blocks = (in.Size + 511) / 512
+	in.setBlocks()
 }
 
 // flush writes the inodes the operation changed or deleted.
@@ -797,7 +847,7 @@ func (tx *Tx) flush() error {
 		case in.deleted:
 			err = tx.del(tx.key(RecAttr, in.Ino, nil))
 		case in.dirty:
-			err = tx.set(tx.key(RecAttr, in.Ino, nil), in.encode(make([]byte, 0, inodeSize)))
+			err = tx.set(tx.key(RecAttr, in.Ino, nil), in.encode(make([]byte, 0, inodeSizeMapped)))
 		}
 		if err != nil {
 			return err
