@@ -306,6 +306,51 @@ func (tx *Tx) truncateBlocks(n *inode, size uint64, now int64) error {
 	return tx.persistChange(n, m, &c, now)
 }
 
+// shrinkBlocks is shrink for a block-mapped file: it cuts the extents past
+// size from the end, deleteBatch at a time, each step one transaction that
+// leaves the file shorter but valid (its size cut to the step's lowest
+// extent), and leaves the last deleteBatch to SetAttr's transaction.
+func (s *Store) shrinkBlocks(ino ids.Ino, size uint64, now int64) error {
+	for {
+		done := true
+		_, err := s.update(func(tx *Tx) error {
+			done = true
+			n, err := tx.inode(ino)
+			if err != nil || !n.mapped || n.Size <= size {
+				return err
+			}
+			m, err := tx.blockMap(ino)
+			if err != nil {
+				return err
+			}
+			exts := m.Extents()
+			i, _ := slices.BinarySearchFunc(exts, size, func(e blockmap.Extent, size uint64) int {
+				return cmp.Compare(e.End(), size+1)
+			})
+			if len(exts)-i <= deleteBatch {
+				return nil
+			}
+			cut := max(size, exts[len(exts)-deleteBatch].Off)
+			c, err := m.Truncate(cut)
+			if err != nil {
+				return wire.Errf(wire.CodeInvalid, "%v", err)
+			}
+			if err := tx.persistChange(n, m, &c, now); err != nil {
+				return err
+			}
+			n.Size = cut
+			n.Version++
+			n.Mtime, n.Ctime = now, now
+			n.touch()
+			done = false
+			return nil
+		})
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
 // LookupBlocks returns the pieces, holes and ranges of blocks, that cover
 // [off, off+n) of a block-mapped file, clipped to its size (none at or past
 // it), and the attributes they belong to (their Version orders reads of

@@ -331,3 +331,30 @@ func TestStoreBlocksRemovalsAdmitted(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreBlocksTruncateMany: a truncation that frees more extents than
+// one transaction should delete takes several, and frees them all.
+func TestStoreBlocksTruncateMany(t *testing.T) {
+	commits := 0
+	s := openTestStore(t, t.TempDir(), Options{GarbageDelay: testDelay, OnCommit: func([]Write) { commits++ }})
+	defer s.Close()
+	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
+	big, small := newBlock(1, blocks.MaxBlock), newBlock(2, 10)
+	exts := whole(small, 0)
+	for i := range uint64(2*deleteBatch + 5) {
+		exts = append(exts, blockmap.Extent{Off: 100 + 2*i, Len: 1, Block: big.Unique, BlockOff: 2 * i})
+	}
+	end := exts[len(exts)-1].End()
+	must[Attr](t)(s.CommitBlocks(f.Ino, []blockmap.Block{small, big}, exts, end, 2))
+	commits = 0
+	a := must[Attr](t)(s.SetAttr(f.Ino, SetAttrIn{Valid: wire.SetSize, Size: 10}, 3))
+	if commits != 3 {
+		t.Fatalf("truncation took %d transactions, want 3", commits)
+	}
+	if a.Size != 10 || a.Blocks != 1 || countRecords(t, s, RecExtent, f.Ino) != 1 || countRecords(t, s, RecBlock, f.Ino) != 1 {
+		t.Fatalf("after truncation: %+v, %d extents", a, countRecords(t, s, RecExtent, f.Ino))
+	}
+	if g := garbageOf(t, s); len(g) != 1 || g[0].ID.Unique != big.Unique {
+		t.Fatalf("garbage %+v", g)
+	}
+}

@@ -373,7 +373,7 @@ func (tx *Tx) truncate(n *inode, size uint64, now int64) error {
 func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 	var from []byte // below the last step's pages (see Purge)
 	for {
-		done := false
+		done, mapped := false, false
 		var lowestKey []byte
 		_, err := s.update(func(tx *Tx) error {
 			done = false
@@ -381,6 +381,7 @@ func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 			if err != nil {
 				return err
 			}
+			mapped = n.mapped
 			if modeType(n.Mode) != syscall.S_IFREG || n.Size <= size || n.mapped {
 				done = true
 				return nil
@@ -415,6 +416,9 @@ func (s *Store) shrink(ino ids.Ino, size uint64, now int64) error {
 			n.touch()
 			return nil
 		})
+		if mapped && err == nil {
+			return s.shrinkBlocks(ino, size, now)
+		}
 		if err != nil || done {
 			return err
 		}
