@@ -5,7 +5,7 @@ package store
 // reference went, kept until no reader can still fetch them ('G'). A file
 // holds its data in pages or in a block map, never both; the attribute
 // record says which (inode.mapped). The store keeps no block: the server
-// hands Lookup's pieces to a mount, which fetches them from the block
+// hands LookupBlocks' pieces to a mount, which fetches them from the block
 // store.
 
 import (
@@ -483,20 +483,20 @@ func (s *Store) garbage(now int64, limit int) ([]Garbage, error) {
 	return out, err
 }
 
-// ForgetGarbage deletes the garbage records of ids (blocks the collector
+// ForgetGarbage deletes the garbage records of gone (blocks the collector
 // deleted from the block store), one transaction per deleteBatch of them;
-// ids without one are skipped.
-func (s *Store) ForgetGarbage(ids []blocks.ID) error {
-	ids = slices.Clone(ids)
-	slices.SortFunc(ids, func(a, b blocks.ID) int {
+// blocks without one are skipped.
+func (s *Store) ForgetGarbage(gone []blocks.ID) error {
+	gone = slices.Clone(gone)
+	slices.SortFunc(gone, func(a, b blocks.ID) int {
 		if a.Ino != b.Ino {
 			return cmp.Compare(a.Ino, b.Ino)
 		}
 		return bytes.Compare(a.Unique[:], b.Unique[:])
 	})
-	for len(ids) > 0 {
-		batch := ids[:min(len(ids), deleteBatch)]
-		ids = ids[len(batch):]
+	for len(gone) > 0 {
+		batch := gone[:min(len(gone), deleteBatch)]
+		gone = gone[len(batch):]
 		_, err := s.update(func(tx *Tx) error {
 			for i := 0; i < len(batch); {
 				j := i
@@ -517,14 +517,15 @@ func (s *Store) ForgetGarbage(ids []blocks.ID) error {
 	return nil
 }
 
-// forgetGarbage deletes the garbage records of ids, all of ino.
-func (tx *Tx) forgetGarbage(ino ids.Ino, ids []blocks.ID) error {
+// forgetGarbage deletes the garbage records of gone, all blocks of ino
+// sorted by their random part.
+func (tx *Tx) forgetGarbage(ino ids.Ino, gone []blocks.ID) error {
 	var keys [][]byte
 	err := tx.scan(tx.key(RecGarbage, ino, nil), nil, false, false, func(k, _ []byte) (bool, error) {
 		if len(k) != garbageKeyLen {
 			return true, nil
 		}
-		if _, found := slices.BinarySearchFunc(ids, k[17:], func(id blocks.ID, u []byte) int {
+		if _, found := slices.BinarySearchFunc(gone, k[17:], func(id blocks.ID, u []byte) int {
 			return bytes.Compare(id.Unique[:], u)
 		}); found {
 			keys = append(keys, tx.key(RecGarbage, ino, k[9:]))
