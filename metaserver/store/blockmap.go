@@ -462,10 +462,23 @@ func (s *Store) DueGarbage(now int64, limit int) ([]blocks.ID, error) {
 
 // garbage lists the garbage due at now, up to limit (0: no limit).
 func (s *Store) garbage(now int64, limit int) ([]Garbage, error) {
+	return s.DueGarbageAfter(now, nil, limit, nil)
+}
+
+// DueGarbageAfter is DueGarbage with the sizes, from the record after
+// after (nil: the first) and only of the inodes keep takes (nil: all), so
+// that a collector that owns some inodes, or could not delete the first
+// blocks, still reaches the rest. It reads every record from after on.
+func (s *Store) DueGarbageAfter(now int64, after *Garbage, limit int, keep func(ids.Ino) bool) ([]Garbage, error) {
 	var out []Garbage
 	err := s.view(func(tx *Tx) error {
 		out = out[:0]
-		return tx.scan([]byte{RecGarbage}, nil, false, true, func(k, v []byte) (bool, error) {
+		var start []byte
+		if after != nil {
+			// the smallest key above after's
+			start = append(tx.garbageKey(after.ID.Ino, after.Due, after.ID.Unique), 0)
+		}
+		return tx.scan([]byte{RecGarbage}, start, false, true, func(k, v []byte) (bool, error) {
 			if len(k) != garbageKeyLen {
 				return true, nil
 			}
@@ -474,11 +487,52 @@ func (s *Store) garbage(now int64, limit int) ([]Garbage, error) {
 			if len(v) == 8 {
 				g.Size = binary.BigEndian.Uint64(v)
 			}
-			if g.Due <= now {
+			if g.Due <= now && (keep == nil || keep(g.ID.Ino)) {
 				out = append(out, g)
 			}
 			return limit <= 0 || len(out) < limit, nil
 		})
+	})
+	return out, err
+}
+
+// UnknownBlocks returns those of list that no record names: no block map
+// references them ('U') and they are not garbage ('G'). A block in the
+// block store that is unknown was never committed (its writer crashed or
+// was fenced before its commit) or its commit is still on its way.
+func (s *Store) UnknownBlocks(list []blocks.ID) ([]blocks.ID, error) {
+	var out []blocks.ID
+	err := s.view(func(tx *Tx) error {
+		out = out[:0]
+		// one inode's garbage is read once, and only if one of its blocks
+		// has no 'U' record: most listed blocks have one
+		garbage := map[blocks.ID]bool{}
+		scanned := map[ids.Ino]bool{}
+		for _, id := range list {
+			found, err := tx.get(tx.blockKey(id.Ino, id.Unique), func([]byte) error { return nil })
+			if err != nil {
+				return err
+			}
+			if found {
+				continue
+			}
+			if !scanned[id.Ino] {
+				scanned[id.Ino] = true
+				err := tx.scan(tx.key(RecGarbage, id.Ino, nil), nil, false, false, func(k, _ []byte) (bool, error) {
+					if len(k) == garbageKeyLen {
+						garbage[blocks.ID{Ino: id.Ino, Unique: blockmap.Unique(k[17:])}] = true
+					}
+					return true, nil
+				})
+				if err != nil {
+					return err
+				}
+			}
+			if !garbage[id] {
+				out = append(out, id)
+			}
+		}
+		return nil
 	})
 	return out, err
 }

@@ -358,3 +358,65 @@ func TestStoreBlocksTruncateMany(t *testing.T) {
 		t.Fatalf("garbage %+v", g)
 	}
 }
+
+// TestStoreDueGarbageAfter: the collector's query goes on after a given
+// record, leaves out the inodes keep refuses without counting them
+// against the limit, and never returns a block before its due time.
+func TestStoreDueGarbageAfter(t *testing.T) {
+	s := newBlockStore(t)
+	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
+	g := must[Attr](t)(s.Create(ids.RootIno, "g", reg|0o644, 0, 0, 0, 1))
+	for i, ino := range []ids.Ino{f.Ino, g.Ino} {
+		for j := range 3 {
+			b := newBlock(byte(10*i+j), 100)
+			commit(t, s, ino, b, 0, int64(10*(j+1)))
+		}
+	}
+	// each inode: its first two blocks are garbage, due at 20+d and 30+d
+	all := garbageOf(t, s)
+	if len(all) != 4 {
+		t.Fatalf("garbage %+v, want 4 records", all)
+	}
+	now := 30 + int64(testDelay)
+	var got []Garbage
+	var after *Garbage
+	for {
+		page := must[[]Garbage](t)(s.DueGarbageAfter(now, after, 1, nil))
+		if len(page) == 0 {
+			break
+		}
+		got = append(got, page...)
+		after = &page[len(page)-1]
+	}
+	if !slices.Equal(got, all) {
+		t.Fatalf("paged one at a time: %+v, want %+v", got, all)
+	}
+	if due := must[[]Garbage](t)(s.DueGarbageAfter(20+int64(testDelay), nil, 0, nil)); len(due) != 2 || due[0] != all[0] || due[1] != all[2] {
+		t.Fatalf("due at the first due time: %+v", due)
+	}
+	onlyG := func(ino ids.Ino) bool { return ino == g.Ino }
+	if due := must[[]Garbage](t)(s.DueGarbageAfter(now, nil, 2, onlyG)); !slices.Equal(due, all[2:]) {
+		t.Fatalf("only g's, two: %+v, want %+v", due, all[2:])
+	}
+}
+
+// TestStoreUnknownBlocks: a block is unknown while no 'U' record
+// references it and no 'G' record holds it, and known again after neither.
+func TestStoreUnknownBlocks(t *testing.T) {
+	s := newBlockStore(t)
+	f := must[Attr](t)(s.Create(ids.RootIno, "f", reg|0o644, 0, 0, 0, 1))
+	live, old, never := newBlock(1, 100), newBlock(2, 100), newBlock(3, 100)
+	commit(t, s, f.Ino, old, 0, 10)
+	commit(t, s, f.Ino, live, 0, 20) // old becomes garbage
+	id := func(b blockmap.Block) blocks.ID { return blocks.ID{Ino: f.Ino, Unique: b.Unique} }
+	other := blocks.ID{Ino: f.Ino + 1, Unique: live.Unique} // another inode's block of the same random part
+	got := must[[]blocks.ID](t)(s.UnknownBlocks([]blocks.ID{id(live), id(old), id(never), other}))
+	if want := []blocks.ID{id(never), other}; !slices.Equal(got, want) {
+		t.Fatalf("unknown %v, want %v", got, want)
+	}
+	must[any](t)(nil, s.ForgetGarbage([]blocks.ID{id(old)}))
+	got = must[[]blocks.ID](t)(s.UnknownBlocks([]blocks.ID{id(live), id(old)}))
+	if want := []blocks.ID{id(old)}; !slices.Equal(got, want) {
+		t.Fatalf("after the garbage is forgotten: unknown %v, want %v", got, want)
+	}
+}
