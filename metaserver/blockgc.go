@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -130,10 +131,11 @@ func (g *BlockGC) Stats() BlockGCStats {
 		OrphanBytes: g.orphanBytes.Load(), Errors: g.errs.Load(), Rounds: g.rounds.Load(), Scans: g.scans.Load()}
 }
 
-// Run collects every Every until ctx is done; the first orphan scan
-// starts one round in.
+// Run collects every Every until ctx is done. The first orphan scan
+// starts OrphanEvery in, once the mounts of before a restart have had
+// their time to reclaim their locks and commit what they had put.
 func (g *BlockGC) Run(ctx context.Context) {
-	g.nextScan = g.cfg.Clock.Now().Add(g.cfg.Every)
+	g.nextScan = g.cfg.Clock.Now().Add(g.cfg.OrphanEvery)
 	t, tick := g.cfg.Clock.NewTimer(g.cfg.Every)
 	defer t.Stop()
 	for {
@@ -244,29 +246,21 @@ func (g *BlockGC) scanStep(ctx context.Context, c *roundCounts) {
 	}
 }
 
-// inodesWithBlocks lists the block store's inodes this server owns, in
-// order.
+// inodesWithBlocks lists the block store's inodes, in order. Whether
+// this server owns one is asked when the scan reaches it: ownership may
+// move meanwhile.
 func (g *BlockGC) inodesWithBlocks(ctx context.Context) ([]ids.Ino, error) {
 	seen := map[ids.Ino]bool{}
 	err := g.blks.List(ctx, blocks.AllInodes, func(id blocks.ID, _ int64, _ time.Time) error {
-		if !seen[id.Ino] {
-			seen[id.Ino] = g.cfg.Owns(id.Ino)
-		}
+		seen[id.Ino] = true
 		return nil
 	})
-	var out []ids.Ino
-	for ino, own := range seen {
-		if own {
-			out = append(out, ino)
-		}
-	}
-	slices.Sort(out)
+	out := slices.Sorted(maps.Keys(seen))
 	return out, err
 }
 
 // scanInode deletes ino's blocks that no record names and that were put
-// before cutoff. Ownership is asked again: it may have moved since the
-// scan began.
+// before cutoff, if this server owns ino.
 func (g *BlockGC) scanInode(ctx context.Context, ino ids.Ino, cutoff time.Time, c *roundCounts) {
 	if !g.cfg.Owns(ino) {
 		return

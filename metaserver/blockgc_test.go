@@ -334,3 +334,29 @@ func TestBlockGCOwns(t *testing.T) {
 		t.Fatalf("garbage left %+v", gs)
 	}
 }
+
+// TestBlockGCRunScans: Run starts its first orphan scan OrphanEvery after
+// it starts, not at once: a mount of before a restart may still commit.
+func TestBlockGCRunScans(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newGCEnv(t)
+		orphan, _ := e.put(1000, 10)
+		e.age(orphan, time.Now().Add(-2*time.Hour))
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer cancel()
+		g := e.collector(BlockGCConfig{Every: time.Second, OrphanEvery: time.Minute})
+		wg.Go(func() { g.Run(ctx) })
+		time.Sleep(time.Minute - time.Second)
+		synctest.Wait()
+		if !e.exists(orphan) {
+			t.Fatal("orphan deleted before the first scan was due")
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if e.exists(orphan) {
+			t.Fatalf("orphan still there after the first scan: %+v", g.Stats())
+		}
+	})
+}
