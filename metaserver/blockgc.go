@@ -198,7 +198,11 @@ func (g *BlockGC) collectGarbage(ctx context.Context, c *roundCounts) {
 		gone := make([]blocks.ID, 0, len(page))
 		var bytes uint64
 		for _, gb := range page {
-			if err := g.blks.Delete(ctx, gb.ID); err != nil {
+			err := g.blks.Delete(ctx, gb.ID)
+			if ctx.Err() != nil {
+				break // shutting down: forget what went
+			}
+			if err != nil {
 				g.failed(c, "delete", err, "block", gb.ID.String())
 				continue
 			}
@@ -287,7 +291,9 @@ func (g *BlockGC) scanInode(ctx context.Context, ino ids.Ino, cutoff time.Time, 
 		return
 	}
 	for _, id := range unknown {
-		if err := g.blks.Delete(ctx, id); err != nil {
+		if err := g.blks.Delete(ctx, id); ctx.Err() != nil {
+			return
+		} else if err != nil {
 			g.failed(c, "delete", err, "block", id.String())
 			continue
 		}
