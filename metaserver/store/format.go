@@ -11,10 +11,13 @@ import (
 // under 'K'); Open converts it in place. Format 2 stored file data in
 // pages as 3 does; 3 added the change count to attribute records, whose
 // older records are read as they are (inodeFormatV1) and rewritten at
-// their inode's next change. A store of a newer format is refused: its
-// records would be misread.
+// their inode's next change. Open leaves a store at 3 at most: its file
+// data may be in pages until ConvertPagesToBlocks moves it all to blocks
+// and sets 4. A store of a newer format is refused: its records would be
+// misread.
 const (
-	storeFormat = 3 // file data in PageSize pages under 'P'; attribute records with a change count
+	pagesFormat = 3 // file data in PageSize pages under 'P' (or block maps); attribute records with a change count
+	storeFormat = 4 // every regular file block-mapped: no page left
 
 	recLegacyChunk  = 'K'
 	legacyChunkSize = 64 << 10
@@ -42,13 +45,13 @@ func (s *Store) upgradeFormat() error {
 	switch {
 	case err != nil:
 		return err
-	case found && format == storeFormat:
+	case found && (format == storeFormat || format == pagesFormat):
 		return nil
 	case found && format > storeFormat:
 		return fmt.Errorf("store format %d is newer than this leasefs reads (%d): run the leasefs that wrote it, or a newer one", format, storeFormat)
 	case found && format == 2:
 		// nothing to convert: its attribute records are read as they are
-		return s.kv.update(func(t kvTxn) error { return t.set(formatKey, []byte{storeFormat}) })
+		return s.kv.update(func(t kvTxn) error { return t.set(formatKey, []byte{pagesFormat}) })
 	case found:
 		return fmt.Errorf("unknown store format %d", format)
 	}
@@ -60,7 +63,7 @@ func (s *Store) upgradeFormat() error {
 	if chunks > 0 {
 		s.log.Info("store upgraded: file data moved from 64 KiB chunks to pages", "chunks", chunks, "page_bytes", PageSize, "took", time.Since(start).Round(time.Millisecond))
 	}
-	return s.kv.update(func(t kvTxn) error { return t.set(formatKey, []byte{storeFormat}) })
+	return s.kv.update(func(t kvTxn) error { return t.set(formatKey, []byte{pagesFormat}) })
 }
 
 // convertChunks replaces every 64 KiB chunk record with the pages holding

@@ -134,7 +134,7 @@ func TestStoreFormatNewer(t *testing.T) {
 }
 
 // TestStoreFormat2: a store of format 2, whose attribute records have no
-// change count, opens as format 3 without converting them: they read with
+// change count, opens as format 3 (pagesFormat) without converting them: they read with
 // Change 0 and take the new form at their inode's next change.
 func TestStoreFormat2(t *testing.T) {
 	dir := t.TempDir()
@@ -169,7 +169,7 @@ func TestStoreFormat2(t *testing.T) {
 		_, err := tx.get(formatKey, func(v []byte) error { format = bytes.Clone(v); return nil })
 		return err
 	})
-	if err != nil || !bytes.Equal(format, []byte{storeFormat}) {
-		t.Fatalf("format record %v %v, want %d", format, err, storeFormat)
+	if err != nil || !bytes.Equal(format, []byte{pagesFormat}) {
+		t.Fatalf("format record %v %v, want %d", format, err, pagesFormat)
 	}
 }

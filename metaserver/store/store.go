@@ -231,6 +231,7 @@ type storeCore struct {
 	maxSize     uint64 // the largest file size taken
 	garbageWait int64  // GarbageDelay in nanoseconds
 	clock       func() int64
+	convertStep func(ids.Ino, string) error // tests: convertHook
 
 	// changeMu serialises changes recorded with the same inode (striped;
 	// see update).
