@@ -64,3 +64,21 @@ func TestAdminToken(t *testing.T) {
 		t.Fatalf("saved identity's admin token: %v %v", a2, err)
 	}
 }
+
+// TestBlockKey: the block capability key is fixed by the secret, and is
+// neither the secret nor the admin key.
+func TestBlockKey(t *testing.T) {
+	id, err := NewIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := id.TokenValue()
+	k := tok.BlockKey()
+	if k != tok.BlockKey() || k == tok.Secret || k == tok.Admin().Key {
+		t.Fatalf("block key %x: not derived apart from the secret and the admin key", k)
+	}
+	other, _ := NewIdentity()
+	if other.TokenValue().BlockKey() == k {
+		t.Fatal("two clusters share a block key")
+	}
+}

@@ -308,6 +308,18 @@ func (t Token) Admin() AdminToken {
 	return a
 }
 
+// BlockKey derives the key that signs block capabilities (package blocks):
+// HMAC-SHA256 of its own fixed label under the secret, as Admin's, so
+// that every server of a cluster has it and the key gives nothing back
+// of the secret or the admin credential.
+func (t Token) BlockKey() [32]byte {
+	m := hmac.New(sha256.New, t.Secret[:])
+	m.Write([]byte("leasefs block capability key v1"))
+	var k [32]byte
+	copy(k[:], m.Sum(nil))
+	return k
+}
+
 // String formats the admin token as ParseAdminToken reads it: "lfsadmin1-"
 // + hex(certificate hash) + "-" + hex(key). It is the admin credential.
 func (a AdminToken) String() string {

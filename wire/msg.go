@@ -46,6 +46,9 @@ const (
 	OpGoodbye     // clean unmount: forget the session now
 	OpBatch       // changes of one directory, executed in order: Data holds them (AppendBatch)
 	OpAllocInos   // hand the client Size inode numbers for creates behind it (CreateIno); Data: AppendInoRange
+	// OpBlockAccess asks for capabilities for blocks of Ino (Data:
+	// AppendUniques; Flags: BlockWrite), one per block in Names, in order.
+	OpBlockAccess
 	opEnd
 )
 
@@ -59,7 +62,7 @@ var opNames = [...]string{
 	OpGetXattr: "getxattr", OpSetXattr: "setxattr", OpListXattr: "listxattr",
 	OpRemoveXattr: "removexattr", OpLock: "lock", OpLockRelease: "lock-release",
 	OpPosixLock: "posix-lock", OpReclaim: "reclaim", OpGoodbye: "goodbye", OpBatch: "batch",
-	OpAllocInos: "alloc-inos",
+	OpAllocInos: "alloc-inos", OpBlockAccess: "block-access",
 }
 
 func (o Op) String() string {
@@ -156,6 +159,35 @@ func ParseInoRange(b []byte) (first ids.Ino, n uint32, err error) {
 		return 0, 0, Errf(CodeBadMessage, "inode range %v+%d", first, n)
 	}
 	return first, n, nil
+}
+
+// BlockWrite in an OpBlockAccess request's Flags asks for write
+// capabilities (the client must hold the file's X lock); without it, read
+// capabilities (S or X).
+const BlockWrite uint32 = 1
+
+// MaxBlockAccess bounds the blocks one OpBlockAccess asks for.
+const MaxBlockAccess = 1024
+
+// AppendUniques encodes the blocks' unique parts of an OpBlockAccess
+// request: 16 bytes each.
+func AppendUniques(b []byte, uniques [][16]byte) []byte {
+	for _, u := range uniques {
+		b = append(b, u[:]...)
+	}
+	return b
+}
+
+// ParseUniques reads what AppendUniques wrote.
+func ParseUniques(b []byte) ([][16]byte, error) {
+	if len(b) == 0 || len(b)%16 != 0 || len(b)/16 > MaxBlockAccess {
+		return nil, Errf(CodeBadMessage, "block list of %d bytes, want 16 each, 1..%d blocks", len(b), MaxBlockAccess)
+	}
+	out := make([][16]byte, len(b)/16)
+	for i := range out {
+		copy(out[i][:], b[16*i:])
+	}
+	return out, nil
 }
 
 // RemoveIfIno in an OpUnlink or OpRmdir request's Flags removes the name
@@ -529,6 +561,16 @@ type Session struct {
 	Tau      int64   // client lease period, nanoseconds
 	Delta    float64 // clock-rate error bound
 	GraceEnd int64   // nanoseconds from now until the server grants locks again (restart grace)
+	Blocks   BlockStore
+}
+
+// BlockStore is where a server keeps file blocks, as the session open
+// tells the mount: Kind "file" is a directory (Dir, as the server sees
+// it) whose store id is StoreID, served over HTTPS at Addr (HOST:PORT; a
+// host the server cannot name, as when it listens on 0.0.0.0, is empty
+// and the mount uses the one it reached the server at). Kind "" is none.
+type BlockStore struct {
+	Kind, Dir, StoreID, Addr string
 }
 
 // StatFs is file system usage.
@@ -695,6 +737,10 @@ func (r *Reply) Append(b []byte) []byte {
 		e.I64(s.Tau)
 		e.U64(math.Float64bits(s.Delta))
 		e.I64(s.GraceEnd)
+		e.Str(s.Blocks.Kind)
+		e.Str(s.Blocks.Dir)
+		e.Str(s.Blocks.StoreID)
+		e.Str(s.Blocks.Addr)
 	}
 	if s := r.StatFs; s != nil {
 		e.U64(s.Blocks)
@@ -793,6 +839,11 @@ func ParseReply(b []byte) (*Reply, error) {
 			Delta:  math.Float64frombits(d.U64()),
 		}
 		r.Session.GraceEnd = d.I64()
+		bs := &r.Session.Blocks
+		bs.Kind = d.Str(MaxName)
+		bs.Dir = d.Str(MaxPath)
+		bs.StoreID = d.Str(MaxName)
+		bs.Addr = d.Str(MaxName)
 	}
 	if mask&hasStatFs != 0 {
 		r.StatFs = &StatFs{Blocks: d.U64(), Bfree: d.U64(), Bavail: d.U64(), Files: d.U64(), Ffree: d.U64()}

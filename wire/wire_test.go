@@ -28,7 +28,8 @@ func TestRequestRoundTrip(t *testing.T) {
 func TestReplyRoundTrip(t *testing.T) {
 	in := &Reply{Code: CodeNotFound, Msg: "x", Attr: &Attr{Ino: 3, Size: 10, Version: 4, Change: 7}, Attr2: &Attr{Ino: 1, Change: 2},
 		Entries: []DirEntry{{Name: "f", Ino: 3, Mode: 0o100644, Off: 2}}, Data: []byte{1, 2},
-		Names: []string{"user.a"}, Session: &Session{ID: 5, Server: 1, Tau: 2e9, Delta: 0.05, GraceEnd: 3},
+		Names: []string{"user.a"}, Session: &Session{ID: 5, Server: 1, Tau: 2e9, Delta: 0.05, GraceEnd: 3,
+			Blocks: BlockStore{Kind: "file", Dir: "/d/blocks", StoreID: "ab", Addr: ":7420"}},
 		StatFs: &StatFs{Blocks: 1, NameLen: 255}, Grants: []Grant{{Ino: 3, Mode: LockShared, Seq: 4}},
 		Lk: &PosixLk{Type: 1, End: 5}, Opens: 3, Owner: 2, Flags: DirNoDefaultACL}
 	b := in.Append(nil)
@@ -113,10 +114,26 @@ func TestRejects(t *testing.T) {
 	}
 }
 
+func TestUniques(t *testing.T) {
+	in := [][16]byte{{1, 2}, {3}}
+	out, err := ParseUniques(AppendUniques(nil, in))
+	if err != nil || !reflect.DeepEqual(in, out) {
+		t.Fatalf("round trip: %v %v", out, err)
+	}
+	for _, n := range []int{0, 15, 17, 16 * (MaxBlockAccess + 1)} {
+		if _, err := ParseUniques(make([]byte, n)); err == nil {
+			t.Errorf("%d bytes parsed", n)
+		}
+	}
+}
+
 func FuzzParse(f *testing.F) {
 	f.Add(sampleRequest().Append(nil))
 	f.Add((&Reply{Code: CodeOK, Entries: []DirEntry{{Name: "a"}}}).Append(nil))
 	f.Add((&Callback{Kind: CallbackRevoke, Ino: 1}).Append(nil))
+	f.Add((&Request{Op: OpBlockAccess, Ino: 3, Flags: BlockWrite, Data: AppendUniques(nil, [][16]byte{{1}, {2}})}).Append(nil))
+	f.Add((&Reply{Session: &Session{ID: 1, Tau: 1, Blocks: BlockStore{Kind: "file", Dir: "/b", StoreID: "x", Addr: "h:1"}},
+		Names: []string{"cap"}}).Append(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if r, err := ParseRequest(b); err == nil {
 			if _, err := ParseRequest(r.Append(nil)); err != nil {
