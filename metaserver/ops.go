@@ -196,7 +196,7 @@ type opHandler func(s *Server, q *request) *wire.Reply
 // opHandlers maps each operation to its handler, from the tables of each
 // kind (ops_ns.go, ops_data.go, ops_xattr.go, ops_locks.go).
 var opHandlers = func() (t [256]opHandler) {
-	for _, kind := range []map[wire.Op]opHandler{sessionOps, namespaceOps, dataOps, xattrOps, lockOps} {
+	for _, kind := range []map[wire.Op]opHandler{sessionOps, namespaceOps, dataOps, xattrOps, lockOps, blockOps} {
 		for op, h := range kind {
 			if t[op] != nil {
 				panic("metaserver: two handlers for " + op.String())

@@ -66,6 +66,11 @@ type Config struct {
 	// server joining a cluster): a fresh data directory takes it, one that
 	// holds another cluster's identity refuses to start (ErrOtherCluster).
 	Identity *transport.Identity
+	// Blocks is the block store, "file:DIR" ("": none), served to mounts
+	// on other hosts over TLS at BlocksListen (HOST:PORT over TCP; "":
+	// Listen's host and port). Not yet used for file data.
+	Blocks       string
+	BlocksListen string
 
 	// beforeFetch, if set, is called before anti-entropy copies ino from
 	// peer p (tests: hold a copy back to force an interleaving).
@@ -120,6 +125,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("metaserver: largest file size must not exceed %d", uint64(wire.MaxFileSize))
 	case c.MaxSessions <= 0:
 		return errors.New("metaserver: max sessions must be positive")
+	}
+	if c.Blocks != "" {
+		if _, err := parseBlocksSpec(c.Blocks); err != nil {
+			return err
+		}
 	}
 	if !c.clustered() {
 		return nil
@@ -180,6 +190,7 @@ type Server struct {
 	writeMu [64]sync.Mutex
 	lm      *lockMgr
 	owner   *ownership.Owner // nil on a single server
+	blocks  *blockServer     // nil without a block store
 	stop    chan struct{}    // ends the sweep (sessions.go)
 	swept   chan struct{}    // closed when it ended
 
@@ -239,9 +250,16 @@ func Start(cfg Config) (*Server, error) {
 		cfg.Logger.Info("created cluster identity and token", "token_file", cfg.Dir+"/token")
 	}
 	s.lm = newLockMgr(s, !created) // a fresh data directory had no clients to wait for
+	if cfg.Blocks != "" {
+		if s.blocks, err = startBlocks(&cfg, id); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
 	s.tr, err = transport.Listen(cfg.Listen, transport.ServerConfig{Identity: id, Logger: cfg.Logger, Faults: cfg.Faults,
 		Receiving: s.receiving}, s.serve)
 	if err != nil {
+		s.closeBlocks()
 		st.Close()
 		return nil, fmt.Errorf("metaserver: listen on %s: %w", cfg.Listen, err)
 	}
@@ -252,6 +270,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 		if err != nil {
 			s.tr.Close()
+			s.closeBlocks()
 			st.Close()
 			return nil, err
 		}
@@ -260,6 +279,10 @@ func Start(cfg Config) (*Server, error) {
 		defer close(s.swept)
 		s.sweepLoop(s.stop)
 	}()
+	if s.blocks != nil {
+		s.log.Info("block store (not yet used for file data)", "blocks", cfg.Blocks, "store_id", s.blocks.wire.StoreID,
+			"blocks_listen", s.blocks.ln.Addr().String())
+	}
 	s.log.Info("serving", "listen", s.tr.Addr().String(), "data", cfg.Dir, "server_id", cfg.ServerID)
 	return s, nil
 }
@@ -318,6 +341,7 @@ func (s *Server) Close() error {
 		<-s.swept
 	}
 	err := s.tr.Close() // ends the handlers' context: waits give up
+	s.closeBlocks()
 	// Wait for the requests being handled, a while: one stuck longer is
 	// left to fail against the closed store.
 	for deadline := time.Now().Add(handlersWait); ; time.Sleep(time.Millisecond) {
@@ -335,6 +359,13 @@ func (s *Server) Close() error {
 		err = cerr
 	}
 	return err
+}
+
+// closeBlocks stops the block endpoint, once.
+func (s *Server) closeBlocks() {
+	if s.blocks != nil {
+		s.blocks.close()
+	}
 }
 
 // handlersWait bounds how long Close waits for requests being handled.

@@ -172,6 +172,10 @@ func (s *Server) openSession(tr *transport.Request, req *wire.Request) *wire.Rep
 }
 
 func (s *Server) sessionReply(sess *session) *wire.Reply {
-	return &wire.Reply{Session: &wire.Session{ID: sess.id, Server: s.cfg.ServerID,
+	rep := &wire.Reply{Session: &wire.Session{ID: sess.id, Server: s.cfg.ServerID,
 		Tau: int64(s.cfg.ClientLease), Delta: s.cfg.ClockDrift}}
+	if s.blocks != nil {
+		rep.Session.Blocks = s.blocks.wire
+	}
+	return rep
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -87,6 +88,10 @@ func (f *serveFlags) parse(name, args, desc string, argv []string, own func(*pfl
 	fs.DurationVar(&f.cfg.DeliveryTimeout, "delivery-timeout", f.cfg.DeliveryTimeout, "how long a lock revocation may go unacknowledged before the client is failed; a client flushing the file for it (its requests about the file keep coming) gets this long again after each, up to 30s")
 	fs.StringVar(&f.faults, "faults", "", "inject transport faults, e.g. drop=0.2,dup=0.2,delay=5ms (testing only)")
 	_ = fs.MarkHidden("faults")
+	fs.StringVar(&f.cfg.Blocks, "blocks", "", "block store: file:DIR (default file:DATA/blocks; not yet used for file data)")
+	fs.StringVar(&f.cfg.BlocksListen, "blocks-listen", "", "HOST:PORT to serve the block store to other hosts on (HTTPS over TCP;\ndefault: --listen's host and port; not yet used for file data)")
+	_ = fs.MarkHidden("blocks")
+	_ = fs.MarkHidden("blocks-listen")
 	f.logging.add(fs)
 	if err := parse(fs, argv); err != nil {
 		return nil, err
@@ -115,6 +120,13 @@ func (f *serveFlags) parse(name, args, desc string, argv []string, own func(*pfl
 		f.cfg.PeerFaults = faults
 	}
 	return fs.Args(), nil
+}
+
+// defaultBlocks makes the block store DATA/blocks unless --blocks named one.
+func (f *serveFlags) defaultBlocks() {
+	if f.cfg.Blocks == "" {
+		f.cfg.Blocks = "file:" + filepath.Join(f.cfg.Dir, "blocks")
+	}
 }
 
 func runServe(argv []string) error {
@@ -175,6 +187,7 @@ func runServe(argv []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	f.defaultBlocks()
 	srv, err := metaserver.Start(f.cfg)
 	if err != nil {
 		return err

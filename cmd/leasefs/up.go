@@ -52,6 +52,7 @@ func runUp(argv []string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
+	f.defaultBlocks()
 	srv, err := metaserver.Start(f.cfg)
 	if err != nil {
 		return err

@@ -1,0 +1,173 @@
+package metaserver
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/leasefs/leasefs/blocks"
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/locks"
+	"github.com/leasefs/leasefs/transport"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// blockServer is the server's block store and the HTTPS endpoint that
+// serves it to mounts on other hosts (blocks.Handler). It is not yet used
+// for file data, which still goes through the QUIC path.
+type blockServer struct {
+	store  *blocks.FileStore
+	dir    string
+	signer *blocks.Signer
+	http   *http.Server
+	ln     net.Listener
+	// wire is what session opens announce: Addr's host is empty when
+	// the endpoint listens on every address (the mount then uses the host
+	// it reached the server at).
+	wire wire.BlockStore
+	done chan struct{}
+}
+
+// parseBlocksSpec reads Config.Blocks: "file:DIR".
+func parseBlocksSpec(spec string) (dir string, err error) {
+	kind, dir, ok := strings.Cut(spec, ":")
+	if !ok || kind != "file" || dir == "" {
+		return "", fmt.Errorf("metaserver: block store %q: want file:DIR", spec)
+	}
+	return dir, nil
+}
+
+// blocksListen is where the endpoint listens: cfg.BlocksListen, else the
+// host and port of cfg.Listen over TCP. explicit says it was asked for, so
+// that a busy default port may fall back to a free one instead.
+func blocksListen(cfg *Config) (addr string, explicit bool) {
+	if cfg.BlocksListen != "" {
+		return cfg.BlocksListen, true
+	}
+	return cfg.Listen, false
+}
+
+// startBlocks opens the block store of cfg.Blocks and serves it over TLS
+// with the cluster certificate; capabilities are checked under a key
+// derived from the cluster secret (transport.Token.BlockKey).
+func startBlocks(cfg *Config, id *transport.Identity) (*blockServer, error) {
+	dir, err := parseBlocksSpec(cfg.Blocks)
+	if err != nil {
+		return nil, err
+	}
+	// absolute: mounts on this host open the directory by this name
+	if dir, err = filepath.Abs(dir); err != nil {
+		return nil, fmt.Errorf("metaserver: block store %s: %w", cfg.Blocks, err)
+	}
+	st, err := blocks.OpenFileStore(dir)
+	if err != nil {
+		return nil, fmt.Errorf("metaserver: block store %s: %w", cfg.Blocks, err)
+	}
+	key := id.TokenValue().BlockKey()
+	signer, err := blocks.NewSigner(key[:], nil)
+	if err != nil {
+		return nil, err
+	}
+	addr, explicit := blocksListen(cfg)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil && !explicit {
+		// the UDP port of --listen was free, its TCP twin need not be
+		host, _, _ := net.SplitHostPort(addr)
+		cfg.Logger.Warn("block endpoint: the TCP port of the listen address is busy, using a free one", "addr", addr, "err", err)
+		ln, err = net.Listen("tcp", net.JoinHostPort(host, "0"))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("metaserver: block endpoint: listen on %s: %w", addr, err)
+	}
+	b := &blockServer{store: st, dir: dir, signer: signer, ln: ln, done: make(chan struct{}),
+		http: blocks.NewHTTPServer(blocks.Handler(st, signer), id.Cert)}
+	b.wire = wire.BlockStore{Kind: "file", Dir: dir, StoreID: st.StoreID(), Addr: advertised(ln.Addr())}
+	go func() {
+		defer close(b.done)
+		if err := b.http.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			cfg.Logger.Error("block endpoint stopped", "err", err)
+		}
+	}()
+	return b, nil
+}
+
+// advertised is addr as session opens announce it: without its host when
+// that is unspecified (0.0.0.0, ::), which no mount can dial.
+func advertised(addr net.Addr) string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return addr.String()
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		host = ""
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// close stops the endpoint: connections are cut, blocks being put are
+// left as temp files the next open removes.
+func (b *blockServer) close() {
+	_ = b.http.Close()
+	<-b.done
+}
+
+// BlocksAddr is the address of the block endpoint (nil without one).
+func (s *Server) BlocksAddr() net.Addr {
+	if s.blocks == nil {
+		return nil
+	}
+	return s.blocks.ln.Addr()
+}
+
+// blockOps are the requests about the block store.
+var blockOps = map[wire.Op]opHandler{
+	wire.OpBlockAccess: (*Server).opBlockAccess,
+}
+
+// opBlockAccess signs capabilities for blocks of r.Ino, only while the
+// client holds the file's lock in the mode the operation needs (S or X to
+// read, X to write): unlike other requests it does not acquire the lock,
+// since a mount reads and writes blocks only under a lock it already holds
+// for the data. Each expires τ after now (rounded down to the second), no
+// later than the client's lease, which this reply renews, allows.
+func (s *Server) opBlockAccess(q *request) *wire.Reply {
+	r := q.r
+	if s.blocks == nil {
+		return wire.ErrorReply(wire.Errf(wire.CodeNotSupported, "this server has no block store"))
+	}
+	if r.Flags&^wire.BlockWrite != 0 {
+		return wire.ErrorReply(wire.Errf(wire.CodeInvalid, "block access flags %#x", r.Flags))
+	}
+	uniques, err := wire.ParseUniques(r.Data)
+	if err != nil {
+		return wire.ErrorReply(err)
+	}
+	op, mode := blocks.OpRead, locks.Shared
+	if r.Flags&wire.BlockWrite != 0 {
+		op, mode = blocks.OpWrite, locks.Exclusive
+	}
+	if !s.lm.holds(q.sess.client, r.Ino, mode) {
+		return wire.ErrorReply(wire.Errf(wire.CodeAccess, "block %s of %v needs the file's %v lock, which the client does not hold", op, r.Ino, mode))
+	}
+	if s.owner != nil && !s.owner.StillOwned([]ids.Ino{r.Ino}) {
+		return wire.ErrorReply(errUnavailable("inode %v changed owner", r.Ino))
+	}
+	expiry := time.Now().Add(s.cfg.ClientLease)
+	caps := make([]string, len(uniques))
+	for i, u := range uniques {
+		caps[i] = s.blocks.signer.Sign(blocks.Capability{Op: op, ID: blocks.ID{Ino: r.Ino, Unique: u}, Expiry: expiry})
+	}
+	return &wire.Reply{Names: caps}
+}
+
+// holds reports whether client c holds at least mode on ino and is not
+// being failed.
+func (m *lockMgr) holds(c ids.ClientID, ino ids.Ino, mode locks.Mode) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.core.Failing(c) && m.core.Mode(c, ino) >= mode
+}
