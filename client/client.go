@@ -41,6 +41,9 @@ type Config struct {
 	// Clock is what the client reads the time on and sets its timers on
 	// (the leases' times, the renewal loops); nil is clock.Real.
 	Clock clock.Clock
+	// BlocksRemote makes the client reach block stores through their
+	// servers' endpoints even where it could open the directory itself.
+	BlocksRemote bool
 }
 
 // DefaultConfig returns a hard-mount configuration.
@@ -251,6 +254,9 @@ type Stats struct {
 	ReclaimsRefused int64
 	DataLost        int64
 	Prefetches      int64
+	// Blocks is the path to the home server's block store: "local DIR",
+	// "remote URL" or "none" (not yet used for file data).
+	Blocks string
 }
 
 // Stats returns the client's state and counters.
@@ -267,6 +273,10 @@ func (c *Client) Stats() Stats {
 		DataLost: c.Counters.DataLost.Load(), Prefetches: c.Counters.Prefetches.Load()}
 	if home.lease != nil {
 		st.LeaseStats = home.lease.Stats()
+	}
+	st.Blocks = "none"
+	if home.blocks != nil {
+		st.Blocks = home.blocks.path
 	}
 	return st
 }

@@ -31,7 +31,8 @@ type conn struct {
 	// holds: the server granted a lock in this session, so the cache
 	// is trusted only while this lease is valid, and losing the session
 	// drops the cache.
-	holds bool
+	holds  bool
+	blocks *connBlocks // set when a session opened
 
 	gone bool // given up (guarded by servers.mu)
 }

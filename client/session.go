@@ -85,6 +85,7 @@ func (c *Client) openSession(ctx context.Context, cn *conn) error {
 			c.srv.byID[s.Server] = cn.addr
 			c.srv.mu.Unlock()
 		}
+		c.setBlocks(cn, s.Blocks)
 		c.answered()
 		c.log.Info("session opened", "server", cn.addr, "server_id", s.Server, "session", s.ID,
 			"client_lease", time.Duration(s.Tau), "clock_drift", s.Delta)

@@ -69,6 +69,10 @@ func (c *Client) shutdown(ctx context.Context) error {
 	c.wg.Wait()
 	for _, cn := range c.live() {
 		cn.tr.Close()
+		c.mu.Lock()
+		nb := cn.blocks
+		c.mu.Unlock()
+		nb.close()
 	}
 	return c.ReportUnsent("no server took them before the mount stopped")
 }

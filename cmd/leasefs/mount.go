@@ -34,6 +34,8 @@ func runMount(argv []string) error {
 	fs.BoolVar(&debug, "fuse-debug", false, "log every FUSE request")
 	fs.StringVar(&faults, "faults", "", "inject transport faults (testing only)")
 	_ = fs.MarkHidden("faults")
+	fs.BoolVar(&cfg.BlocksRemote, "blocks-remote", false, "reach the block store through the server's endpoint even where its directory is on this host (testing; not yet used for file data)")
+	_ = fs.MarkHidden("blocks-remote")
 	life.add(fs)
 	logging.add(fs)
 	if err := parse(fs, argv); err != nil {

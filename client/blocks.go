@@ -1,0 +1,115 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/leasefs/leasefs/blocks"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// connBlocks is how the client reaches one server's block store: the
+// directory itself when the mount's host sees the same one (same store
+// id), else the server's HTTPS endpoint with capabilities from the
+// inodes' owners. Not yet used for file data.
+type connBlocks struct {
+	announced wire.BlockStore // what the session open said
+	store     blocks.Store    // nil: the server has no block store
+	path      string          // "local DIR", "remote URL" or "none"
+}
+
+// setBlocks sets up cn's block store from its session's announcement,
+// keeping the one it has if the announcement did not change. Called
+// without c.mu held (opening a directory is file system work).
+func (c *Client) setBlocks(cn *conn, bs wire.BlockStore) {
+	c.mu.Lock()
+	same := cn.blocks != nil && cn.blocks.announced == bs
+	c.mu.Unlock()
+	if same {
+		return
+	}
+	nb := c.openBlocks(cn.addr, bs)
+	c.mu.Lock()
+	old := cn.blocks
+	cn.blocks = nb
+	c.mu.Unlock()
+	old.close()
+	c.log.Info("block store", "server", cn.addr, "path", nb.path, "note", "not yet used for file data")
+}
+
+// close closes a remote store's idle connections (nil: nothing to close).
+func (nb *connBlocks) close() {
+	if nb == nil {
+		return
+	}
+	if rs, ok := nb.store.(*blocks.RemoteStore); ok {
+		rs.Close()
+	}
+}
+
+// openBlocks picks the fastest path to the block store bs of the server
+// the client reached at serverAddr.
+func (c *Client) openBlocks(serverAddr string, bs wire.BlockStore) *connBlocks {
+	nb := &connBlocks{announced: bs, path: "none"}
+	if bs.Kind != "file" {
+		return nb
+	}
+	if !c.cfg.BlocksRemote {
+		fs, err := blocks.OpenFileStoreIfSame(bs.Dir, bs.StoreID)
+		if err == nil {
+			nb.store, nb.path = fs, "local "+bs.Dir
+			return nb
+		}
+		c.log.Debug("block store: not the server's directory here, using its endpoint", "dir", bs.Dir, "err", err)
+	}
+	url := "https://" + blocksAddr(serverAddr, bs.Addr)
+	nb.store = blocks.NewRemoteStore(url, c.cfg.Token.CertHash, c.blockCapability)
+	nb.path = "remote " + url
+	return nb
+}
+
+// blocksAddr is the block endpoint's HOST:PORT: its own host if the server
+// named one, else the host the client reached the server at (a server
+// listening on every address cannot know which of them the client sees).
+func blocksAddr(serverAddr, announced string) string {
+	host, port, err := net.SplitHostPort(announced)
+	if err != nil || host != "" {
+		return announced
+	}
+	if h, _, err := net.SplitHostPort(serverAddr); err == nil {
+		host = h
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// blockCapability asks the owner of id's inode for a capability for op on
+// id; the server grants it only while this client holds the file's lock
+// in the mode op needs (S or X to read, X to write).
+func (c *Client) blockCapability(ctx context.Context, op blocks.Op, id blocks.ID) (string, error) {
+	req := &wire.Request{Op: wire.OpBlockAccess, Ino: id.Ino, Data: wire.AppendUniques(nil, [][16]byte{id.Unique})}
+	if op == blocks.OpWrite {
+		req.Flags = wire.BlockWrite
+	}
+	rep, err := c.Call(ctx, req)
+	if err != nil {
+		return "", fmt.Errorf("client: %s capability for block %s: %w", op, id, err)
+	}
+	if len(rep.Names) != 1 {
+		return "", fmt.Errorf("client: %s capability for block %s: %d in the reply", op, id, len(rep.Names))
+	}
+	return rep.Names[0], nil
+}
+
+// Blocks returns the home server's block store as this client reaches it
+// and which path that is ("local DIR", "remote URL", "none"). The store
+// is nil when the server has none. Not yet used for file data.
+func (c *Client) Blocks() (blocks.Store, string) {
+	home := c.homeConn()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if home.blocks == nil {
+		return nil, "none"
+	}
+	return home.blocks.store, home.blocks.path
+}
