@@ -46,8 +46,11 @@ type Capability struct {
 }
 
 const (
-	capVersion = 1
-	// capBody is version, op, ino, unique, expiry (unix seconds).
+	// capVersion 2: expiry in milliseconds; in whole seconds a lease
+	// shorter than one (τ is 500 ms in the cluster tests) could give
+	// capabilities expired when issued.
+	capVersion = 2
+	// capBody is version, op, ino, unique, expiry (unix milliseconds).
 	capBody = 1 + 1 + 8 + 16 + 8
 	capLen  = capBody + sha256.Size
 )
@@ -82,7 +85,7 @@ func (s *Signer) Sign(c Capability) string {
 	b[1] = byte(c.Op)
 	binary.BigEndian.PutUint64(b[2:], uint64(c.ID.Ino))
 	copy(b[10:26], c.ID.Unique[:])
-	binary.BigEndian.PutUint64(b[26:], uint64(c.Expiry.Unix()))
+	binary.BigEndian.PutUint64(b[26:], uint64(c.Expiry.UnixMilli()))
 	b = s.mac(b)
 	return base64.RawURLEncoding.EncodeToString(b)
 }
@@ -118,7 +121,7 @@ func capabilityOf(b []byte) Capability {
 	c := Capability{Op: Op(b[1])}
 	c.ID.Ino = ids.Ino(binary.BigEndian.Uint64(b[2:]))
 	copy(c.ID.Unique[:], b[10:26])
-	c.Expiry = time.Unix(int64(binary.BigEndian.Uint64(b[26:])), 0)
+	c.Expiry = time.UnixMilli(int64(binary.BigEndian.Uint64(b[26:])))
 	return c
 }
 

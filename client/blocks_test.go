@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -76,7 +77,7 @@ func TestBlocksRemoteUnderLocks(t *testing.T) {
 		id := blocks.NewID(f.Ino)
 		data := bytes.Repeat([]byte("block"), 1000)
 		if err := as.Put(ctx, id, data); err != nil {
-			t.Fatalf("put under X: %v", err)
+			return fmt.Errorf("put under X: %w", err)
 		}
 		// c never touched the file: no lock, no capability
 		cs, _ := c.Blocks()
@@ -154,4 +155,37 @@ func TestBlocksEndpointChecksCapabilities(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden {
 		t.Errorf("no capability: %s, want 403", resp.Status)
 	}
+}
+
+// TestBlocksShortLease: capabilities under a client lease shorter than a
+// second (the cluster tests' τ) are valid when issued.
+func TestBlocksShortLease(t *testing.T) {
+	cfg := metaserver.DefaultConfig()
+	cfg.Dir = t.TempDir()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.ClientLease = 300 * time.Millisecond
+	cfg.DeliveryTimeout = 100 * time.Millisecond
+	cfg.Blocks = "file:" + filepath.Join(cfg.Dir, "blocks")
+	cfg.BlocksListen = "127.0.0.1:0"
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	s, err := metaserver.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	a := connectTo(t, s, remoteBlocks)
+	within(t, 30*time.Second, "puts under a short lease", func(ctx context.Context) error {
+		f := createFile(ctx, t, a, ids.RootIno, "f")
+		if _, err := a.Write(ctx, f.Ino, 0, []byte("x"), false, false); err != nil {
+			return err
+		}
+		st, _ := a.Blocks()
+		for i := range 8 {
+			if err := st.Put(ctx, blocks.NewID(f.Ino), []byte("data")); err != nil {
+				return fmt.Errorf("put %d: %w", i, err)
+			}
+			time.Sleep(130 * time.Millisecond)
+		}
+		return nil
+	})
 }

@@ -132,8 +132,8 @@ var blockOps = map[wire.Op]opHandler{
 // client holds the file's lock in the mode the operation needs (S or X to
 // read, X to write): unlike other requests it does not acquire the lock,
 // since a mount reads and writes blocks only under a lock it already holds
-// for the data. Each expires τ after now (rounded down to the second), no
-// later than the client's lease, which this reply renews, allows.
+// for the data. Each expires τ after now (to the millisecond), no later
+// than the client's lease, which this reply renews, allows.
 func (s *Server) opBlockAccess(q *request) *wire.Reply {
 	r := q.r
 	if s.blocks == nil {
