@@ -163,18 +163,23 @@ func (c *Client) renewSession(ctx context.Context, cn *conn, lost ids.SessionID)
 	for _, ino := range c.maps.withPages() {
 		c.invalidateLater(ino) // (stale, mapped.go: whether cached or not)
 	}
+	var err error
 	if !gone {
-		if err := c.ensureSession(ctx, cn); err != nil {
-			if !c.clustered() {
-				return dropped, err
-			}
+		if err = c.ensureSession(ctx, cn); err != nil && c.clustered() {
 			c.giveUp(cn, err.Error())
+			err = nil
 		}
 	}
+	// The caches are gone either way: when the new session could not be
+	// opened in the caller's time (a renewal's), the next request opens it.
 	c.Counters.Recoveries.Add(1)
 	c.behind.resetInos()
-	c.log.Info("recovery done: caches rebuilt on demand")
-	return dropped, nil
+	if err != nil {
+		c.log.Info("recovery done: caches rebuilt on demand; the session opens again at the next request", "error", err)
+	} else {
+		c.log.Info("recovery done: caches rebuilt on demand")
+	}
+	return dropped, err
 }
 
 // onCallback answers server-initiated messages. A revocation is
