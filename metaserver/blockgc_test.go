@@ -360,3 +360,53 @@ func TestBlockGCRunScans(t *testing.T) {
 		}
 	})
 }
+
+// TestBlockGCOnServer: a server with a block store runs the collector: a
+// block an overwrite made garbage, long due, leaves the store within a
+// round; the block the file now references stays.
+func TestBlockGCOnServer(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Dir = t.TempDir()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	cfg.Blocks = "file:" + filepath.Join(cfg.Dir, "blocks")
+	s, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	past := time.Now().Add(-time.Hour).UnixNano()
+	f, err := s.store.Create(ids.RootIno, "f", 0o644, 0, 0, 0, past)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(data string) blocks.ID {
+		id := blocks.NewID(f.Ino)
+		if err := s.blocks.store.Put(ctx, id, []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+		b := blockmap.Block{Unique: id.Unique, Size: uint64(len(data)), Sums: blocks.Sum([]byte(data))}
+		ext := blockmap.Extent{Off: 0, Len: b.Size, Block: id.Unique}
+		if _, err := s.store.CommitBlocks(f.Ino, []blockmap.Block{b}, []blockmap.Extent{ext}, b.Size, past); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	old, cur := put("first"), put("again")
+	gone := func(id blocks.ID) bool {
+		_, err := s.blocks.store.ReadAt(ctx, id, make([]byte, 5), 0)
+		return errors.Is(err, blocks.ErrNotFound)
+	}
+	for deadline := time.Now().Add(3 * DefaultGCEvery); !gone(old); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the overwritten block is still in the store after %v", 3*DefaultGCEvery)
+		}
+	}
+	if gone(cur) {
+		t.Fatal("the collector deleted the block the file references")
+	}
+	if st := s.blocks.gc.Stats(); st.Deleted != 1 {
+		t.Fatalf("collector stats %+v, want 1 deleted", st)
+	}
+}

@@ -1,12 +1,14 @@
 package metaserver
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/leasefs/leasefs/blocks"
@@ -30,6 +32,9 @@ type blockServer struct {
 	// it reached the server at).
 	wire wire.BlockStore
 	done chan struct{}
+	// gc collects the blocks no file needs any more; stopGC ends it.
+	gc     *BlockGC
+	stopGC func()
 }
 
 // parseBlocksSpec reads Config.Blocks: "file:DIR".
@@ -111,8 +116,38 @@ func advertised(addr net.Addr) string {
 // close stops the endpoint: connections are cut, blocks being put are
 // left as temp files the next open removes.
 func (b *blockServer) close() {
+	if b.stopGC != nil {
+		b.stopGC()
+	}
 	_ = b.http.Close()
 	<-b.done
+}
+
+// startBlockGC runs the collector of the block store's garbage and
+// orphans; in a cluster each server collects the inodes it owns, as only
+// the owner may change their records.
+func (s *Server) startBlockGC() {
+	owns := func(ids.Ino) bool { return true }
+	if s.owner != nil {
+		owns = func(ino ids.Ino) bool { _, err := s.owner.OwnerEpoch(ino); return err == nil }
+	}
+	gc := NewBlockGC(s.store, s.blocks.store, BlockGCConfig{Owns: owns, Clock: s.cfg.Clock, Logger: s.log})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		gc.Run(ctx)
+	}()
+	s.blocks.gc = gc
+	s.blocks.stopGC = sync.OnceFunc(func() { cancel(); <-done })
+}
+
+// garbageDelay is how long a block no map references stays in the store:
+// a client that read the map under a lock revoked before the change may
+// still be fetching it, for at most its lease, τ(1+δ); the margin covers a
+// fetch the client started just before its lease ran out.
+func garbageDelay(cfg *Config) time.Duration {
+	return time.Duration(float64(cfg.ClientLease)*(1+cfg.ClockDrift)) + 10*time.Second
 }
 
 // BlocksAddr is the address of the block endpoint (nil without one).

@@ -219,7 +219,8 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, log: cfg.Logger, start: time.Now(), warns: ratelog.New(),
 		sessions: map[ids.ClientID]*session{}, opens: map[ids.Ino]int{}, purging: map[ids.Ino]struct{}{},
 		stop: make(chan struct{}), swept: make(chan struct{})}
-	opts := store.Options{ServerID: cfg.ServerID, Logger: cfg.Logger, MaxFileSize: cfg.MaxFileSize, Statfs: cfg.statfs}
+	opts := store.Options{ServerID: cfg.ServerID, Logger: cfg.Logger, MaxFileSize: cfg.MaxFileSize, Statfs: cfg.statfs,
+		GarbageDelay: garbageDelay(&cfg)}
 	if cfg.clustered() {
 		s.owner = ownership.New(ownership.Config{ServerID: cfg.ServerID, Peers: cfg.Peers, Dir: cfg.Dir,
 			OwnershipLease: cfg.OwnershipLease, ClientLease: cfg.ClientLease, ClockDrift: cfg.ClockDrift,
@@ -280,6 +281,7 @@ func Start(cfg Config) (*Server, error) {
 		s.sweepLoop(s.stop)
 	}()
 	if s.blocks != nil {
+		s.startBlockGC()
 		s.log.Info("block store (not yet used for file data)", "blocks", cfg.Blocks, "store_id", s.blocks.wire.StoreID,
 			"blocks_listen", s.blocks.ln.Addr().String())
 	}
