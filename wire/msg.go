@@ -49,6 +49,14 @@ const (
 	// OpBlockAccess asks for capabilities for blocks of Ino (Data:
 	// AppendUniques; Flags: BlockWrite), one per block in Names, in order.
 	OpBlockAccess
+	// OpCommitBlocks commits blocks the client put in the block store
+	// under its X lock on Ino, and the file ranges they back (Data:
+	// AppendCommit); the size becomes at least Size. A change (ReqID).
+	OpCommitBlocks
+	// OpLookupBlocks returns the pieces of [Off, Off+Size) of Ino (Data:
+	// AppendPieces, at most MaxPieces: the client asks again from where
+	// they end) and its attributes, under an S lock as OpRead.
+	OpLookupBlocks
 	opEnd
 )
 
@@ -63,6 +71,7 @@ var opNames = [...]string{
 	OpRemoveXattr: "removexattr", OpLock: "lock", OpLockRelease: "lock-release",
 	OpPosixLock: "posix-lock", OpReclaim: "reclaim", OpGoodbye: "goodbye", OpBatch: "batch",
 	OpAllocInos: "alloc-inos", OpBlockAccess: "block-access",
+	OpCommitBlocks: "commit-blocks", OpLookupBlocks: "lookup-blocks",
 }
 
 func (o Op) String() string {
@@ -92,7 +101,7 @@ func (o Op) Owned() bool {
 func (o Op) Changes() bool {
 	switch o {
 	case OpSetAttr, OpCreate, OpMkdir, OpSymlink, OpLink, OpUnlink, OpRmdir, OpRename,
-		OpWrite, OpSetXattr, OpRemoveXattr:
+		OpWrite, OpSetXattr, OpRemoveXattr, OpCommitBlocks:
 		return true
 	}
 	return false

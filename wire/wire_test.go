@@ -132,6 +132,9 @@ func FuzzParse(f *testing.F) {
 	f.Add((&Reply{Code: CodeOK, Entries: []DirEntry{{Name: "a"}}}).Append(nil))
 	f.Add((&Callback{Kind: CallbackRevoke, Ino: 1}).Append(nil))
 	f.Add((&Request{Op: OpBlockAccess, Ino: 3, Flags: BlockWrite, Data: AppendUniques(nil, [][16]byte{{1}, {2}})}).Append(nil))
+	blks, exts := sampleCommit()
+	f.Add((&Request{Op: OpCommitBlocks, Ino: 3, Size: 9, ReqID: 1, Data: AppendCommit(nil, blks, exts)}).Append(nil))
+	f.Add((&Reply{Attr: &Attr{Ino: 3}, Data: AppendPieces(nil, samplePieces())}).Append(nil))
 	f.Add((&Reply{Session: &Session{ID: 1, Tau: 1, Blocks: BlockStore{Kind: "file", Dir: "/b", StoreID: "x", Addr: "h:1"}},
 		Names: []string{"cap"}}).Append(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
