@@ -160,7 +160,9 @@ func (s *Server) BlocksAddr() net.Addr {
 
 // blockOps are the requests about the block store.
 var blockOps = map[wire.Op]opHandler{
-	wire.OpBlockAccess: (*Server).opBlockAccess,
+	wire.OpBlockAccess:  (*Server).opBlockAccess,
+	wire.OpCommitBlocks: (*Server).opCommitBlocks,
+	wire.OpLookupBlocks: (*Server).opLookupBlocks,
 }
 
 // opBlockAccess signs capabilities for blocks of r.Ino, only while the
