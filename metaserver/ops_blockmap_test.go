@@ -207,8 +207,9 @@ func TestLookupBlocksPaged(t *testing.T) {
 	}
 }
 
-// TestCommitNeedsX: a client that never locked the file, and one whose X
-// a reader revoked, cannot commit; nothing changes.
+// TestCommitNeedsX: a client that never locked the file (held by another
+// client, or by none), and one whose X a reader revoked, cannot commit;
+// nothing changes.
 func TestCommitNeedsX(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
@@ -220,6 +221,15 @@ func TestCommitNeedsX(t *testing.T) {
 	blk := putBlock(t, f.Ino, []byte("data"), s)
 	if _, err := b.Call(ctx, commitReq(f.Ino, blk.Size, []blockmap.Block{blk}, whole(0, blk))); !errors.Is(err, wire.Err(wire.CodeAccess)) {
 		t.Fatalf("commit without a lock: %v, want refused", err)
+	}
+	// a file whose lock nobody holds: the commit must not take it
+	h, err := s.store.Create(ids.RootIno, "h", 0o100644, 0, 0, 0, time.Now().UnixNano())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb := putBlock(t, h.Ino, []byte("data"), s)
+	if _, err := b.Call(ctx, commitReq(h.Ino, hb.Size, []blockmap.Block{hb}, whole(0, hb))); !errors.Is(err, wire.Err(wire.CodeAccess)) {
+		t.Fatalf("commit with the lock free: %v, want refused", err)
 	}
 	takeX(ctx, t, a, f.Ino)
 	// b's lookup takes S: a's X goes
