@@ -57,6 +57,10 @@ const (
 	// AppendPieces, at most MaxPieces: the client asks again from where
 	// they end) and its attributes, under an S lock as OpRead.
 	OpLookupBlocks
+	// OpSeek is lseek's SEEK_DATA or SEEK_HOLE (Flags: SeekData or
+	// SeekHole) from Off in Ino, under an S lock as OpRead: the reply's
+	// Data is the offset found (AppendOffset), or the error is CodeNXIO.
+	OpSeek
 	opEnd
 )
 
@@ -72,6 +76,7 @@ var opNames = [...]string{
 	OpPosixLock: "posix-lock", OpReclaim: "reclaim", OpGoodbye: "goodbye", OpBatch: "batch",
 	OpAllocInos: "alloc-inos", OpBlockAccess: "block-access",
 	OpCommitBlocks: "commit-blocks", OpLookupBlocks: "lookup-blocks",
+	OpSeek: "seek",
 }
 
 func (o Op) String() string {

@@ -36,6 +36,7 @@ const (
 	// quarantine, no majority of its cluster reachable); the client should
 	// try another server of the cluster.
 	CodeUnavailable
+	CodeNXIO // lseek: no data or hole at or after the offset
 	codeCount
 )
 
@@ -51,6 +52,7 @@ var codeNames = [...]string{
 	CodeNotSupported: "not supported", CodeBadMessage: "bad message",
 	CodeDeadlock: "deadlock", CodeCrossDevice: "cross-device link",
 	CodeInterrupted: "interrupted", CodeUnavailable: "server unavailable",
+	CodeNXIO: "no such device or address",
 }
 
 func (c Code) String() string {
