@@ -587,6 +587,21 @@ func (c *Client) Fsync(ctx context.Context, ino ids.Ino) error {
 	return err
 }
 
+// Seek is lseek's SEEK_DATA or SEEK_HOLE (wire.SeekData, wire.SeekHole)
+// from off in ino, after sending this client's buffered writes of the
+// file, so that the server's answer covers them: ENXIO (wire.CodeNXIO)
+// at or past the end of the file, or when no data follows off.
+func (c *Client) Seek(ctx context.Context, ino ids.Ino, off uint64, whence uint32) (uint64, error) {
+	if err := c.Flush(ctx, ino); err != nil {
+		return 0, err
+	}
+	rep, err := c.Call(ctx, &wire.Request{Op: wire.OpSeek, Ino: ino, Off: off, Flags: whence})
+	if err != nil {
+		return 0, err
+	}
+	return wire.ParseOffset(rep.Data)
+}
+
 // GetXattr returns an extended attribute's value, from the cache under a
 // lock (its absence too: the kernel asks for security.selinux and
 // system.posix_acl_access at every ls -l).

@@ -18,6 +18,7 @@ var dataOps = map[wire.Op]opHandler{
 	wire.OpWrite:   (*Server).opWrite,
 	wire.OpFsync:   func(_ *Server, q *request) *wire.Reply { return errReply(q.st.Sync()) },
 	wire.OpStatFs:  (*Server).opStatFs,
+	wire.OpSeek:    (*Server).opSeek,
 }
 
 func (s *Server) opOpen(q *request) *wire.Reply {
@@ -66,6 +67,19 @@ func (s *Server) opRead(q *request) *wire.Reply {
 			data = []byte{}
 		}
 		return &wire.Reply{Data: data, Attr: toWire(a)}
+	})
+}
+
+// opSeek answers SEEK_DATA and SEEK_HOLE under an S lock, as a read is:
+// no other mount may hold writes of the file back meanwhile.
+func (s *Server) opSeek(q *request) *wire.Reply {
+	r := q.r
+	return s.underLocks(q.ctx, q.sess, shared(r.Ino), func() *wire.Reply {
+		off, err := q.st.Seek(r.Ino, r.Off, r.Flags)
+		if err != nil {
+			return wire.ErrorReply(err)
+		}
+		return &wire.Reply{Data: wire.AppendOffset(nil, off)}
 	})
 }
 
