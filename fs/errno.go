@@ -22,6 +22,7 @@ var codeErrno = [...]syscall.Errno{
 	wire.CodeDeadlock: syscall.EDEADLK, wire.CodeCrossDevice: syscall.EXDEV,
 	wire.CodeInterrupted: syscall.EINTR,
 	wire.CodeUnavailable: syscall.EIO,
+	wire.CodeNXIO:        syscall.ENXIO,
 }
 
 // toErrno converts an error from the client into the POSIX error the

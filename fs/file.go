@@ -35,6 +35,7 @@ var (
 	_ = (gofs.FileFlusher)((*fileHandle)(nil))
 	_ = (gofs.FileFsyncer)((*fileHandle)(nil))
 	_ = (gofs.FileReleaser)((*fileHandle)(nil))
+	_ = (gofs.FileLseeker)((*fileHandle)(nil))
 )
 
 // Read reads from the server (or the mount's cache). A fill of a
@@ -87,6 +88,19 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 		return 0, toErrno(err)
 	}
 	return uint32(len(data)), 0
+}
+
+// Lseek answers SEEK_DATA and SEEK_HOLE from the server, which knows the
+// file's holes; the kernel handles the other whence values itself.
+func (h *fileHandle) Lseek(ctx context.Context, off uint64, whence uint32) (uint64, syscall.Errno) {
+	if whence != wire.SeekData && whence != wire.SeekHole {
+		return 0, syscall.EINVAL
+	}
+	got, err := h.n.c.Seek(ctx, h.n.ino(), off, whence)
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	return got, 0
 }
 
 // lostWrites reports EIO once for each loss of buffered writes of this file
