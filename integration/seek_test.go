@@ -97,9 +97,11 @@ func sameSeeks(t *testing.T, what string, got, want []string) {
 
 // TestSeekHoles: SEEK_DATA and SEEK_HOLE on a mount answer as tmpfs does
 // for the same file: on the mount that wrote it while its writes are
-// still buffered there, and on another mount.
-func TestSeekHoles(t *testing.T) {
-	a, b := twoMounts(t)
+// still buffered there, and on another mount; of one server, and of a
+// cluster (where the file's owner answers).
+func TestSeekHoles(t *testing.T) { onServerAndCluster(t, testSeekHoles) }
+
+func testSeekHoles(t *testing.T, a, b *mount) {
 	ref := tmpfsDir(t, "seek")
 	for _, l := range sparseLayouts {
 		t.Run(l.name, func(t *testing.T) {
