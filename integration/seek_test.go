@@ -120,20 +120,3 @@ func testSeekHoles(t *testing.T, a, b *mount) {
 		})
 	}
 }
-
-// TestSeekCopySparse: cp --sparse=always of a sparse file off the mount
-// keeps its holes. (cp 9.1 asks for SEEK_DATA only of a file whose
-// st_blocks is below its size, which a file in pages never is: it finds
-// the holes by their zeros.)
-func TestSeekCopySparse(t *testing.T) {
-	m := startMount(t, startServer(t))
-	l := sparseLayout{name: "sparse", writes: [][2]int64{{0, 4096}, {32 << 20, 4096}}, size: 64 << 20}
-	l.build(t, filepath.Join(m.dir, l.name)).Close()
-	dst := filepath.Join(tmpfsDir(t, "seek"), "copy")
-	run(t, m.dir, "cp", "--sparse=always", l.name, dst)
-	var st syscall.Stat_t
-	must(t, syscall.Stat(dst, &st))
-	if st.Size != l.size || st.Blocks*512 > 1<<20 {
-		t.Fatalf("copy: size %d, %d bytes allocated; want %d, at most 1 MiB", st.Size, st.Blocks*512, l.size)
-	}
-}
