@@ -61,6 +61,11 @@ const (
 	// SeekHole) from Off in Ino, under an S lock as OpRead: the reply's
 	// Data is the offset found (AppendOffset), or the error is CodeNXIO.
 	OpSeek
+	// OpPunch is fallocate's PUNCH_HOLE or ZERO_RANGE (Flags: PunchKeepSize,
+	// PunchHole, PunchZeroRange, fallocate's mode bits) of Size bytes from
+	// Off in Ino, under an X lock as OpWrite; the reply carries the
+	// attributes.
+	OpPunch
 	opEnd
 )
 
@@ -76,7 +81,7 @@ var opNames = [...]string{
 	OpPosixLock: "posix-lock", OpReclaim: "reclaim", OpGoodbye: "goodbye", OpBatch: "batch",
 	OpAllocInos: "alloc-inos", OpBlockAccess: "block-access",
 	OpCommitBlocks: "commit-blocks", OpLookupBlocks: "lookup-blocks",
-	OpSeek: "seek",
+	OpSeek: "seek", OpPunch: "punch",
 }
 
 func (o Op) String() string {
@@ -106,7 +111,7 @@ func (o Op) Owned() bool {
 func (o Op) Changes() bool {
 	switch o {
 	case OpSetAttr, OpCreate, OpMkdir, OpSymlink, OpLink, OpUnlink, OpRmdir, OpRename,
-		OpWrite, OpSetXattr, OpRemoveXattr, OpCommitBlocks:
+		OpWrite, OpSetXattr, OpRemoveXattr, OpCommitBlocks, OpPunch:
 		return true
 	}
 	return false
