@@ -602,6 +602,35 @@ func (c *Client) Seek(ctx context.Context, ino ids.Ino, off uint64, whence uint3
 	return wire.ParseOffset(rep.Data)
 }
 
+// Punch is fallocate's PUNCH_HOLE or ZERO_RANGE (flags: wire.PunchHole,
+// wire.PunchZeroRange, wire.PunchKeepSize) of length bytes from off in
+// ino. This client's buffered writes of the file go first, lest they land
+// on the zeros later, and its cached pages of the file go with the change.
+// A range longer than wire.MaxPunch goes in pieces, each applied once.
+func (c *Client) Punch(ctx context.Context, ino ids.Ino, off, length uint64, flags uint32) (*wire.Attr, error) {
+	if err := c.Flush(ctx, ino); err != nil {
+		return nil, err
+	}
+	defer c.changingData(ino)()
+	var a *wire.Attr
+	for pos, end := off, off+length; pos < end || a == nil; {
+		n := min(end-pos, wire.MaxPunch)
+		if a != nil && pos >= a.Size {
+			if flags&wire.PunchKeepSize != 0 {
+				break
+			}
+			n = end - pos // past the end: the server only grows the file
+		}
+		var err error
+		a, err = c.attrCall(ctx, &wire.Request{Op: wire.OpPunch, Ino: ino, Off: pos, Size: n, Flags: flags})
+		if err != nil {
+			return nil, err
+		}
+		pos += n
+	}
+	return a, nil
+}
+
 // GetXattr returns an extended attribute's value, from the cache under a
 // lock (its absence too: the kernel asks for security.selinux and
 // system.posix_acl_access at every ls -l).

@@ -355,7 +355,7 @@ func (s *Server) replayed(sess *session, r *wire.Request) (*wire.Reply, bool) {
 			s.openHandle(sess, a.Ino, 1)
 		}
 		return attrReply(a, err), true
-	case wire.OpWrite, wire.OpSetAttr, wire.OpLink, wire.OpCommitBlocks:
+	case wire.OpWrite, wire.OpSetAttr, wire.OpLink, wire.OpCommitBlocks, wire.OpPunch:
 		return attrReply(s.store.GetAttr(r.Ino)), true
 	}
 	return &wire.Reply{}, true

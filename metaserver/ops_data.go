@@ -19,6 +19,7 @@ var dataOps = map[wire.Op]opHandler{
 	wire.OpFsync:   func(_ *Server, q *request) *wire.Reply { return errReply(q.st.Sync()) },
 	wire.OpStatFs:  (*Server).opStatFs,
 	wire.OpSeek:    (*Server).opSeek,
+	wire.OpPunch:   (*Server).opPunch,
 }
 
 func (s *Server) opOpen(q *request) *wire.Reply {
@@ -93,6 +94,20 @@ func (s *Server) opWrite(q *request) *wire.Reply {
 			return rep
 		}
 		return s.write(q)
+	})
+}
+
+// opPunch zeros a range of a file under an X lock and once, as a write.
+func (s *Server) opPunch(q *request) *wire.Reply {
+	r := q.r
+	return s.underLocks(q.ctx, q.sess, exclusive(r.Ino), func() *wire.Reply {
+		mu := &s.writeMu[r.Ino%ids.Ino(len(s.writeMu))]
+		mu.Lock()
+		defer mu.Unlock()
+		if rep, ok := s.replayed(q.sess, r); ok {
+			return rep
+		}
+		return attrReply(q.st.Punch(r.Ino, r.Off, r.Size, r.Flags, q.now))
 	})
 }
 
