@@ -360,9 +360,10 @@ func nowNano() int64 { return time.Now().UnixNano() }
 
 var _ = (gofs.NodeAllocater)((*Node)(nil))
 
-// Allocate implements fallocate's default mode (grow the file) and
-// FALLOC_FL_KEEP_SIZE; leasefs stores files sparsely, so reserving space
-// has nothing else to do.
+// Allocate implements fallocate's default mode (grow the file),
+// FALLOC_FL_KEEP_SIZE, PUNCH_HOLE (with KEEP_SIZE, as Linux requires) and
+// ZERO_RANGE; leasefs stores files sparsely, so reserving space has
+// nothing else to do, and zeros are holes.
 func (n *Node) Allocate(ctx context.Context, f gofs.FileHandle, off uint64, size uint64, mode uint32) syscall.Errno {
 	const keepSize = 1 // FALLOC_FL_KEEP_SIZE
 	if end := off + size; end < off || end > wire.MaxFileSize {
@@ -379,6 +380,9 @@ func (n *Node) Allocate(ctx context.Context, f gofs.FileHandle, off uint64, size
 		if end := off + size; end > a.Size {
 			_, err = n.c.SetAttr(ctx, &wire.Request{Ino: n.ino(), Valid: wire.SetSize, Size: end})
 		}
+		return toErrno(err)
+	case wire.PunchHole | wire.PunchKeepSize, wire.PunchZeroRange, wire.PunchZeroRange | wire.PunchKeepSize:
+		_, err := n.c.Punch(ctx, n.ino(), off, size, mode)
 		return toErrno(err)
 	}
 	return syscall.EOPNOTSUPP
