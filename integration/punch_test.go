@@ -61,6 +61,7 @@ var punchSteps = []punchStep{
 // TestPunch: fallocate's PUNCH_HOLE and ZERO_RANGE zero ranges of a file
 // whose writes are still buffered on the mount: the bytes, the size and
 // SEEK_DATA/SEEK_HOLE agree with tmpfs's, on that mount and on another;
+// a mount that read the file reads the zeros of a later punch on another;
 // PUNCH_HOLE without KEEP_SIZE fails as on Linux.
 func TestPunch(t *testing.T) { onServerAndCluster(t, testPunch) }
 
@@ -99,6 +100,15 @@ func testPunch(t *testing.T, a, b *mount) {
 		must(t, err)
 		sameSeeks(t, m.dir, seeks(t, g, l), wantSeeks)
 		g.Close()
+	}
+	// both mounts have read the file: their cached pages must not outlive
+	// a punch
+	must(t, syscall.Fallocate(int(f.Fd()), fallocPunchHole|fallocKeepSize, 0, pg))
+	clear(want[:pg])
+	for _, m := range []*mount{a, b} {
+		if got, err := os.ReadFile(filepath.Join(m.dir, "f")); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s after another punch: %d bytes, %v; differ from what is expected", m.dir, len(got), err)
+		}
 	}
 	if err := syscall.Fallocate(int(f.Fd()), fallocPunchHole, 0, pg); err != syscall.EOPNOTSUPP {
 		t.Errorf("PUNCH_HOLE without KEEP_SIZE: %v; want EOPNOTSUPP", err)
