@@ -45,20 +45,16 @@ func (s *Server) opCommitBlocks(q *request) *wire.Reply {
 	if s.owner != nil && !s.owner.StillOwned([]ids.Ino{r.Ino}) {
 		return wire.ErrorReply(errUnavailable("inode %v changed owner", r.Ino))
 	}
-	mu := &s.writeMu[r.Ino%ids.Ino(len(s.writeMu))]
-	mu.Lock()
-	defer mu.Unlock()
-	if rep, ok := s.replayed(q.sess, r); ok {
-		return rep
-	}
-	if err := s.checkUploaded(q.ctx, r.Ino, blks); err != nil {
-		return wire.ErrorReply(err)
-	}
-	a, err := q.st.CommitBlocks(r.Ino, blks, exts, r.Size, q.now)
-	if errors.Is(err, store.ErrNotMapped) {
-		return errPaged(r.Ino)
-	}
-	return attrReply(a, err)
+	return s.writeOnce(q, func() *wire.Reply {
+		if err := s.checkUploaded(q.ctx, r.Ino, blks); err != nil {
+			return wire.ErrorReply(err)
+		}
+		a, err := q.st.CommitBlocks(r.Ino, blks, exts, r.Size, q.now)
+		if errors.Is(err, store.ErrNotMapped) {
+			return errPaged(r.Ino)
+		}
+		return attrReply(a, err)
+	})
 }
 
 // checkUploaded fails unless each of blks is in the block store with its

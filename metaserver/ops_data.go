@@ -87,27 +87,29 @@ func (s *Server) opSeek(q *request) *wire.Reply {
 func (s *Server) opWrite(q *request) *wire.Reply {
 	r := q.r
 	return s.underLocks(q.ctx, q.sess, exclusive(r.Ino), func() *wire.Reply {
-		mu := &s.writeMu[r.Ino%ids.Ino(len(s.writeMu))]
-		mu.Lock()
-		defer mu.Unlock()
-		if rep, ok := s.replayed(q.sess, r); ok {
-			return rep
-		}
-		return s.write(q)
+		return s.writeOnce(q, func() *wire.Reply { return s.write(q) })
 	})
+}
+
+// writeOnce runs a change of the data of q's inode after the inode's other
+// writes, unless it is a resend of one applied already.
+func (s *Server) writeOnce(q *request, change func() *wire.Reply) *wire.Reply {
+	mu := &s.writeMu[q.r.Ino%ids.Ino(len(s.writeMu))]
+	mu.Lock()
+	defer mu.Unlock()
+	if rep, ok := s.replayed(q.sess, q.r); ok {
+		return rep
+	}
+	return change()
 }
 
 // opPunch zeros a range of a file under an X lock and once, as a write.
 func (s *Server) opPunch(q *request) *wire.Reply {
 	r := q.r
 	return s.underLocks(q.ctx, q.sess, exclusive(r.Ino), func() *wire.Reply {
-		mu := &s.writeMu[r.Ino%ids.Ino(len(s.writeMu))]
-		mu.Lock()
-		defer mu.Unlock()
-		if rep, ok := s.replayed(q.sess, r); ok {
-			return rep
-		}
-		return attrReply(q.st.Punch(r.Ino, r.Off, r.Size, r.Flags, q.now))
+		return s.writeOnce(q, func() *wire.Reply {
+			return attrReply(q.st.Punch(r.Ino, r.Off, r.Size, r.Flags, q.now))
+		})
 	})
 }
 

@@ -258,41 +258,6 @@ func (tx *Tx) mappedInode(ino ids.Ino) (*inode, *blockmap.Map, error) {
 	return n, m, nil
 }
 
-// PunchHole drops the data of [off, off+length) of a block-mapped file
-// (fallocate's PUNCH_HOLE, and ZERO_RANGE within the size): the range
-// reads as zeros, its blocks become garbage once unreferenced, the size
-// stays. ErrNotMapped for a file whose data is in pages.
-func (s *Store) PunchHole(ino ids.Ino, off, length uint64, now int64) (Attr, error) {
-	var a Attr
-	_, err := s.update(func(tx *Tx) error {
-		n, m, err := tx.mappedInode(ino)
-		if err != nil {
-			return err
-		}
-		if done, err := tx.applied(s.origin); err != nil || done {
-			a = n.Attr
-			return err
-		}
-		c, err := m.PunchHole(off, length)
-		if err != nil {
-			return wire.Errf(wire.CodeInvalid, "%v", err)
-		}
-		a = n.Attr
-		if c.Empty() {
-			return nil
-		}
-		if err := tx.persistChange(n, m, &c, now); err != nil {
-			return err
-		}
-		n.Version++
-		n.Mtime, n.Ctime = now, now
-		n.touch()
-		a = n.Attr
-		return nil
-	})
-	return a, err
-}
-
 // truncateBlocks drops a block-mapped file's data at and past size.
 func (tx *Tx) truncateBlocks(n *inode, size uint64, now int64) error {
 	m, err := tx.blockMap(n.Ino)

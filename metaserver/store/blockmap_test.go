@@ -158,18 +158,12 @@ func TestStoreBlocksTruncatePunch(t *testing.T) {
 	if len(ps) != 2 || ps[0].Len != 4000 || !ps[1].Hole || ps[1].Off != 4000 {
 		t.Fatalf("after extension: %+v", ps)
 	}
-	a = must[Attr](t)(s.PunchHole(f.Ino, 0, 8192, 40))
+	a = must[Attr](t)(s.Punch(f.Ino, 0, 8192, wire.PunchHole|wire.PunchKeepSize, 40))
 	if a.Size != 8192 || a.Blocks != 0 || a.Mtime != 40 {
 		t.Fatalf("after punching: %+v", a)
 	}
 	if g := garbageOf(t, s); len(g) != 2 || g[1].ID.Unique != b1.Unique || g[1].Due != 40+int64(testDelay) {
 		t.Fatalf("garbage after punching: %+v", g)
-	}
-	// a file with pages: no punching there (yet)
-	p := must[Attr](t)(s.Create(ids.RootIno, "p", reg|0o644, 0, 0, 0, 1))
-	must[Attr](t)(s.Write(p.Ino, 0, []byte("data"), 2))
-	if _, err := s.PunchHole(p.Ino, 0, 1, 3); err != ErrNotMapped {
-		t.Fatalf("punch of a file with pages: %v", err)
 	}
 }
 
