@@ -24,18 +24,10 @@ import (
 // its data directory, served on a free port.
 func startBlockServer(t *testing.T) *metaserver.Server {
 	t.Helper()
-	cfg := metaserver.DefaultConfig()
-	cfg.Dir = t.TempDir()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Blocks = "file:" + filepath.Join(cfg.Dir, "blocks")
-	cfg.BlocksListen = "127.0.0.1:0"
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := metaserver.Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
+	return startServerWith(t, func(cfg *metaserver.Config) {
+		cfg.Blocks = "file:" + filepath.Join(cfg.Dir, "blocks")
+		cfg.BlocksListen = "127.0.0.1:0"
+	})
 }
 
 func remoteBlocks(c *Config) { c.BlocksRemote = true }

@@ -18,10 +18,17 @@ import (
 // startServer runs a metadata server in this process.
 func startServer(t *testing.T) *metaserver.Server {
 	t.Helper()
+	return startServerWith(t, func(*metaserver.Config) {})
+}
+
+// startServerWith is startServer with the configuration changed by set.
+func startServerWith(t *testing.T, set func(*metaserver.Config)) *metaserver.Server {
+	t.Helper()
 	cfg := metaserver.DefaultConfig()
 	cfg.Dir = t.TempDir()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	set(&cfg)
 	s, err := metaserver.Start(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -365,16 +365,7 @@ func TestBlockGCRunScans(t *testing.T) {
 // block an overwrite made garbage, long due, leaves the store within a
 // round; the block the file now references stays.
 func TestBlockGCOnServer(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Dir = t.TempDir()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	cfg.Blocks = "file:" + filepath.Join(cfg.Dir, "blocks")
-	s, err := Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := startBlockTestServer(t)
 	ctx := context.Background()
 	past := time.Now().Add(-time.Hour).UnixNano()
 	f, err := s.store.Create(ids.RootIno, "f", 0o644, 0, 0, 0, past)

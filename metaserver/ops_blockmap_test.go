@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"path/filepath"
 	"testing"
 	"time"
@@ -18,18 +17,10 @@ import (
 
 func startBlockTestServer(t *testing.T) *Server {
 	t.Helper()
-	cfg := DefaultConfig()
-	cfg.Dir = t.TempDir()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Blocks = "file:" + filepath.Join(cfg.Dir, "blocks")
-	cfg.BlocksListen = "127.0.0.1:0"
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
+	return startTestServerWith(t, func(cfg *Config) {
+		cfg.Blocks = "file:" + filepath.Join(cfg.Dir, "blocks")
+		cfg.BlocksListen = "127.0.0.1:0"
+	})
 }
 
 // putBlock puts data as a new block of ino in the stores of servers, and

@@ -17,10 +17,17 @@ import (
 
 func startTestServer(t *testing.T) *Server {
 	t.Helper()
+	return startTestServerWith(t, func(*Config) {})
+}
+
+// startTestServerWith is startTestServer with the configuration changed by set.
+func startTestServerWith(t *testing.T, set func(*Config)) *Server {
+	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Dir = t.TempDir()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	set(&cfg)
 	s, err := Start(cfg)
 	if err != nil {
 		t.Fatal(err)
