@@ -328,14 +328,14 @@ func TestCommitOverwriteGarbage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if due, err := s.store.DueGarbage(time.Now().UnixNano(), 0); err != nil || len(due) != 0 {
+	if due, err := s.store.DueGarbageAfter(time.Now().UnixNano(), nil, 0, nil); err != nil || len(due) != 0 {
 		t.Fatalf("garbage due at once: %v, %v", due, err)
 	}
-	due, err := s.store.DueGarbage(time.Now().Add(time.Hour).UnixNano(), 0)
+	due, err := s.store.DueGarbageAfter(time.Now().Add(time.Hour).UnixNano(), nil, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(due) != 1 || due[0] != (blocks.ID{Ino: f.Ino, Unique: old.Unique}) {
+	if len(due) != 1 || due[0].ID != (blocks.ID{Ino: f.Ino, Unique: old.Unique}) {
 		t.Fatalf("garbage %v, want the old block %x only", due, old.Unique)
 	}
 }

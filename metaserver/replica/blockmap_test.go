@@ -40,7 +40,11 @@ func sameBlocks(t *testing.T, ino ids.Ino, want, got *testStore) {
 
 func dueGarbage(t *testing.T, s *testStore) []blocks.ID {
 	t.Helper()
-	return must[[]blocks.ID](t)(s.DueGarbage(1<<62, 0))
+	var ids []blocks.ID
+	for _, g := range must[[]store.Garbage](t)(s.DueGarbageAfter(1<<62, nil, 0, nil)) {
+		ids = append(ids, g.ID)
+	}
+	return ids
 }
 
 // TestReplBlockMap: a block map and the garbage its changes leave

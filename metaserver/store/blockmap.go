@@ -188,7 +188,7 @@ func cmpErr(err, otherwise error) error {
 // size becomes at least size, which must cover every extent, and its
 // mtime, ctime, Version and Change move as a write's do. The blocks the
 // write leaves unreferenced become garbage, deletable at now plus
-// Options.GarbageDelay (DueGarbage).
+// Options.GarbageDelay (DueGarbageAfter).
 //
 // A file whose data is in pages is refused (ErrNotMapped); one with no
 // data becomes block-mapped. Made for a client request (For), a change
@@ -413,27 +413,12 @@ type Garbage struct {
 	Size uint64
 }
 
-// DueGarbage returns up to limit blocks (0: no limit) whose last reference
-// went and that may be deleted at now (their due time is not after it),
-// in key order. It reads every garbage record, due or not.
-func (s *Store) DueGarbage(now int64, limit int) ([]blocks.ID, error) {
-	gs, err := s.garbage(now, limit)
-	out := make([]blocks.ID, len(gs))
-	for i, g := range gs {
-		out[i] = g.ID
-	}
-	return out, err
-}
-
-// garbage lists the garbage due at now, up to limit (0: no limit).
-func (s *Store) garbage(now int64, limit int) ([]Garbage, error) {
-	return s.DueGarbageAfter(now, nil, limit, nil)
-}
-
-// DueGarbageAfter is DueGarbage with the sizes, from the record after
-// after (nil: the first) and only of the inodes keep takes (nil: all), so
-// that a collector that owns some inodes, or could not delete the first
-// blocks, still reaches the rest. It reads every record from after on.
+// DueGarbageAfter returns up to limit (0: no limit) blocks whose last
+// reference went and that may be deleted at now (their due time is not
+// after it), in key order, from the record after after (nil: the first)
+// and only of the inodes keep takes (nil: all), so that a collector that
+// owns some inodes, or could not delete the first blocks, still reaches
+// the rest. It reads every record from after on, due or not.
 func (s *Store) DueGarbageAfter(now int64, after *Garbage, limit int, keep func(ids.Ino) bool) ([]Garbage, error) {
 	var out []Garbage
 	err := s.view(func(tx *Tx) error {

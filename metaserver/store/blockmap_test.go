@@ -40,7 +40,7 @@ func commit(t *testing.T, s *Store, ino ids.Ino, b blockmap.Block, off uint64, n
 
 func garbageOf(t *testing.T, s *Store) []Garbage {
 	t.Helper()
-	return must[[]Garbage](t)(s.garbage(1<<62, 0))
+	return must[[]Garbage](t)(s.DueGarbageAfter(1<<62, nil, 0, nil))
 }
 
 func TestStoreBlocksCommitLookup(t *testing.T) {
@@ -119,14 +119,14 @@ func TestStoreBlocksOverwriteGarbage(t *testing.T) {
 	if a.Blocks != 8192/512 || countRecords(t, s, RecBlock, f.Ino) != 1 || countRecords(t, s, RecExtent, f.Ino) != 1 {
 		t.Fatalf("after the overwrite: %+v, %d blocks, %d extents", a, countRecords(t, s, RecBlock, f.Ino), countRecords(t, s, RecExtent, f.Ino))
 	}
-	if due := must[[]blocks.ID](t)(s.DueGarbage(now+int64(testDelay)-1, 0)); len(due) != 0 {
+	if due := dueIDs(t, s, now+int64(testDelay)-1, 0); len(due) != 0 {
 		t.Fatalf("due before its time: %v", due)
 	}
-	due := must[[]blocks.ID](t)(s.DueGarbage(now+int64(testDelay), 0))
+	due := dueIDs(t, s, now+int64(testDelay), 0)
 	if len(due) != 2 || due[0] != want[0].ID || due[1] != want[1].ID {
 		t.Fatalf("due %v", due)
 	}
-	if one := must[[]blocks.ID](t)(s.DueGarbage(now+int64(testDelay), 1)); len(one) != 1 {
+	if one := dueIDs(t, s, now+int64(testDelay), 1); len(one) != 1 {
 		t.Fatalf("limit 1 gave %v", one)
 	}
 	must[any](t)(nil, s.ForgetGarbage(due[:1]))
@@ -413,4 +413,14 @@ func TestStoreUnknownBlocks(t *testing.T) {
 	if want := []blocks.ID{id(old)}; !slices.Equal(got, want) {
 		t.Fatalf("after the garbage is forgotten: unknown %v, want %v", got, want)
 	}
+}
+
+// dueIDs is the blocks of the garbage due at now, up to limit.
+func dueIDs(t *testing.T, s *Store, now int64, limit int) []blocks.ID {
+	t.Helper()
+	var ids []blocks.ID
+	for _, g := range must[[]Garbage](t)(s.DueGarbageAfter(now, nil, limit, nil)) {
+		ids = append(ids, g.ID)
+	}
+	return ids
 }

@@ -33,7 +33,7 @@
 // replication can work per inode: a Write names its inode (Write.Ino).
 // Garbage too: keyed by its inode first, it replicates and transfers with
 // the inode's other records, so a new owner after a failover collects what
-// the old one freed; DueGarbage finds due records by a scan of all 'G'.
+// the old one freed; DueGarbageAfter finds due records by a scan of all 'G'.
 // Block records are 'U', not 'K': 'K' held file data in 64 KiB chunks in
 // store format 1, and a peer that old may still send them (LegacyHint).
 //
