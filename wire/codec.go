@@ -12,7 +12,7 @@ import (
 
 // Version is the body encoding version. A peer with another version gets
 // ErrVersion and a clear message instead of garbage.
-const Version = 6
+const Version = 7
 
 // Bounds on variable-length fields.
 const (

@@ -629,7 +629,19 @@ const (
 	// no ACL, and its mode is the creator's masked by the umask. The
 	// client may then make files in it itself (client/createbehind.go).
 	DirNoDefaultACL uint32 = 1 << iota
+	// InlineData, in the reply to an OpLookupBlocks, says Data is the
+	// file's bytes from Off (fewer at its end), not pieces: the file is
+	// small and keeps its data in the metadata store (InlineMax), so a
+	// read costs one round trip and no block store access.
+	InlineData
 )
+
+// InlineMax is the size up to which a file may keep its data in the
+// metadata store, beside its attributes: a write past it makes the file
+// block-mapped. Most files a build or an untar makes are smaller, and
+// for them a block in the block store would cost a file create and an
+// fsync each.
+const InlineMax = 64 << 10
 
 // Reply is the server application's answer. Any reply, whatever its Code
 // except CodeNack, is an ACK for the client lease.
