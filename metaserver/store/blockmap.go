@@ -110,17 +110,8 @@ func (tx *Tx) persistChange(n *inode, m *blockmap.Map, c *blockmap.Change, now i
 			return err
 		}
 	}
-	for _, es := range [][]blockmap.Extent{c.Added, c.Changed} {
-		for _, e := range es {
-			if err := tx.set(tx.key64(RecExtent, ino, e.Off), blockmap.AppendExtent(nil, e)); err != nil {
-				return err
-			}
-		}
-	}
-	for _, b := range c.NewBlocks {
-		if err := tx.set(tx.blockKey(ino, b.Unique), blockmap.AppendBlock(nil, b)); err != nil {
-			return err
-		}
+	if err := tx.putRecords(ino, c); err != nil {
+		return err
 	}
 	due := now + tx.st.garbageWait
 	for _, b := range c.Freed {
@@ -133,6 +124,23 @@ func (tx *Tx) persistChange(n *inode, m *blockmap.Map, c *blockmap.Change, now i
 	}
 	n.mapped = true
 	n.stored = m.StoredBytes()
+	return nil
+}
+
+// putRecords writes the extents c adds or changes and its new blocks.
+func (tx *Tx) putRecords(ino ids.Ino, c *blockmap.Change) error {
+	for _, es := range [][]blockmap.Extent{c.Added, c.Changed} {
+		for _, e := range es {
+			if err := tx.set(tx.key64(RecExtent, ino, e.Off), blockmap.AppendExtent(nil, e)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, b := range c.NewBlocks {
+		if err := tx.set(tx.blockKey(ino, b.Unique), blockmap.AppendBlock(nil, b)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -190,50 +198,121 @@ func cmpErr(err, otherwise error) error {
 // write leaves unreferenced become garbage, deletable at now plus
 // Options.GarbageDelay (DueGarbageAfter).
 //
-// A file whose data is in pages is refused (ErrNotMapped); one with no
-// data becomes block-mapped. Made for a client request (For), a change
-// whose origin the store has recorded already is not made again: the
-// current attributes are returned.
+// A file whose data is in pages is refused (ErrNotMapped: ConvertFile
+// it first); one with no data becomes block-mapped. Made for a client
+// request (For), a change whose origin the store has recorded already is
+// not made again: the current attributes are returned.
 func (s *Store) CommitBlocks(ino ids.Ino, newBlocks []blockmap.Block, exts []blockmap.Extent, size uint64, now int64) (Attr, error) {
 	var a Attr
 	_, err := s.update(func(tx *Tx) error {
-		n, m, err := tx.mappedInode(ino)
-		if err != nil {
-			return err
-		}
-		if done, err := tx.applied(s.origin); err != nil || done {
+		n, m, done, err := tx.blockWriteInode(ino)
+		if err != nil || done {
 			a = n.Attr
 			return err
 		}
-		newSize := max(n.Size, size)
-		if newSize > s.maxSize {
-			return wire.Errf(wire.CodeTooBig, "size %d", newSize)
-		}
-		c, err := m.Apply(newBlocks, exts)
-		if err != nil {
-			return wire.Errf(wire.CodeInvalid, "%v", err)
-		}
-		if e := m.Extents(); len(e) > 0 && e[len(e)-1].End() > newSize {
-			return wire.Errf(wire.CodeInvalid, "extent ends at %d, past the size %d", e[len(e)-1].End(), newSize)
-		}
-		if c.Empty() && newSize == n.Size && n.mapped {
+		err = tx.commitBlocks(n, m, newBlocks, exts, size, now)
+		a = n.Attr
+		return err
+	})
+	return a, err
+}
+
+// WriteBlock is WriteSetAttr for a file whose data is in blocks: the
+// spans' bytes are blk's, one after another (blk is durable in the block
+// store already), and the block and the attribute changes commit in one
+// transaction, which CommitBlocks' rules govern.
+func (s *Store) WriteBlock(ino ids.Ino, blk blockmap.Block, spans []wire.Span, in SetAttrIn, now int64) (Attr, error) {
+	return s.writeBlock(ino, blk, func(uint64) []wire.Span { return spans }, in, now)
+}
+
+// AppendBlock is WriteBlock of blk at the file's end as its transaction
+// finds it (O_APPEND).
+func (s *Store) AppendBlock(ino ids.Ino, blk blockmap.Block, in SetAttrIn, now int64) (Attr, error) {
+	return s.writeBlock(ino, blk, func(size uint64) []wire.Span {
+		return []wire.Span{{Off: size, Len: uint32(blk.Size)}}
+	}, in, now)
+}
+
+// writeBlock is WriteBlock with the spans that spansAt gives for the
+// file's size.
+func (s *Store) writeBlock(ino ids.Ino, blk blockmap.Block, spansAt func(size uint64) []wire.Span, in SetAttrIn, now int64) (Attr, error) {
+	if in.Valid&^wire.WriteAttrs != 0 {
+		return Attr{}, wire.Errf(wire.CodeInvalid, "a write cannot carry attribute changes %#x", in.Valid&^wire.WriteAttrs)
+	}
+	var a Attr
+	_, err := s.update(func(tx *Tx) error {
+		n, m, done, err := tx.blockWriteInode(ino)
+		if err != nil || done {
 			a = n.Attr
-			return nil
-		}
-		if err := tx.persistChange(n, m, &c, now); err != nil {
 			return err
 		}
-		if err := tx.killCapability(ino); err != nil {
+		spans := spansAt(n.Size)
+		if err := checkSpans(spans, int(blk.Size), s.maxSize); err != nil {
 			return err
 		}
-		n.Size = newSize
-		n.Version++
-		n.Mtime, n.Ctime = now, now
-		n.touch()
+		exts := make([]blockmap.Extent, 0, len(spans))
+		var at, end uint64
+		for _, sp := range spans {
+			if sp.Len > 0 {
+				exts = append(exts, blockmap.Extent{Off: sp.Off, Len: uint64(sp.Len), Block: blk.Unique, BlockOff: at})
+				at += uint64(sp.Len)
+				end = sp.Off + uint64(sp.Len)
+			}
+		}
+		if err := tx.commitBlocks(n, m, []blockmap.Block{blk}, exts, end, now); err != nil {
+			return err
+		}
+		if in.Valid != 0 {
+			if err := tx.setAttrs(n, in, now); err != nil {
+				return err
+			}
+			n.touch()
+		}
 		a = n.Attr
 		return nil
 	})
 	return a, err
+}
+
+// blockWriteInode loads a regular file whose data is in blocks (or none)
+// and its map for a change, unless the store finds the change made
+// already (done: n is the file as it is).
+func (tx *Tx) blockWriteInode(ino ids.Ino) (n *inode, m *blockmap.Map, done bool, err error) {
+	n, m, err = tx.mappedInode(ino)
+	if err != nil {
+		return &inode{}, nil, false, err
+	}
+	done, err = tx.applied(tx.st.origin)
+	return n, m, done, err
+}
+
+// commitBlocks is CommitBlocks in the transaction, of n and its map m.
+func (tx *Tx) commitBlocks(n *inode, m *blockmap.Map, newBlocks []blockmap.Block, exts []blockmap.Extent, size uint64, now int64) error {
+	newSize := max(n.Size, size)
+	if newSize > tx.st.maxSize {
+		return wire.Errf(wire.CodeTooBig, "size %d", newSize)
+	}
+	c, err := m.Apply(newBlocks, exts)
+	if err != nil {
+		return wire.Errf(wire.CodeInvalid, "%v", err)
+	}
+	if e := m.Extents(); len(e) > 0 && e[len(e)-1].End() > newSize {
+		return wire.Errf(wire.CodeInvalid, "extent ends at %d, past the size %d", e[len(e)-1].End(), newSize)
+	}
+	if c.Empty() && newSize == n.Size && n.mapped {
+		return nil
+	}
+	if err := tx.persistChange(n, m, &c, now); err != nil {
+		return err
+	}
+	if err := tx.killCapability(n.Ino); err != nil {
+		return err
+	}
+	n.Size = newSize
+	n.Version++
+	n.Mtime, n.Ctime = now, now
+	n.touch()
+	return nil
 }
 
 // mappedInode loads a regular file and its block map: ErrNotMapped if its

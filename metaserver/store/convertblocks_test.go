@@ -23,10 +23,14 @@ type pagedFile struct {
 	blocks int // blocks the conversion makes of it
 }
 
+// converts reports whether ConvertPagesToBlocks moves f's data to blocks:
+// it has data and is larger than wire.InlineMax.
+func (f *pagedFile) converts() bool { return f.data != nil && f.size > wire.InlineMax }
+
 // pagedFiles writes, as pages, files of 0, 1 and 4 KiB bytes, 5 MiB, one
 // with data at 0 and at 1 GiB only, one with a page of zeros between two
 // of data, one sized by truncate with no page, one with 3 links, and
-// big, if set, one of more pages than a transaction deletes.
+// big, if set, one of more pages than two transactions delete.
 func pagedFiles(t *testing.T, s *Store, big bool) map[string]*pagedFile {
 	t.Helper()
 	r := rand.New(rand.NewPCG(3, 4))
@@ -64,7 +68,7 @@ func pagedFiles(t *testing.T, s *Store, big bool) map[string]*pagedFile {
 	f.at = []uint64{0, 1 << 30}
 	f.blocks = 2
 	f = create("zeropage")
-	f.data = slices3(random(PageSize), make([]byte, PageSize), random(100))
+	f.data = slices3(random(wire.InlineMax), make([]byte, PageSize), random(100))
 	write(f, 0, f.data)
 	f.blocks = 1
 	f = create("truncated")
@@ -78,9 +82,9 @@ func pagedFiles(t *testing.T, s *Store, big bool) map[string]*pagedFile {
 	must[Attr](t)(s.Link(f.ino, ids.RootIno, "linked3", 3))
 	if big {
 		f = create("big")
-		f.data = random((deleteBatch + 1) * PageSize)
+		f.data = random((2*deleteBatch + 1) * PageSize)
 		write(f, 0, f.data)
-		f.blocks = 5
+		f.blocks = 9
 	}
 	return files
 }
@@ -189,12 +193,23 @@ func referenced(t *testing.T, s *Store) map[blocks.ID]bool {
 	return refs
 }
 
-// checkConverted checks that every file reads back byte-identical through
-// its block map, has no page and as many blocks as its data windows, and
-// that the block store holds every referenced block (orphans apart).
+// checkConverted checks that every file over wire.InlineMax reads back
+// byte-identical through its block map, has no page and as many blocks as
+// its data windows, that the others read the same through their pages,
+// and that the block store holds every referenced block (orphans apart).
 func checkConverted(t *testing.T, s *Store, bs blocks.Store, files map[string]*pagedFile) (orphans int) {
 	t.Helper()
 	for name, f := range files {
+		if !f.converts() {
+			readEither(t, s, bs, f)
+			if _, err := s.BlockMap(f.ino); err == nil && f.data != nil {
+				t.Fatalf("%s: block-mapped, %d bytes", name, f.size)
+			}
+			if n := countRecords(t, s, RecBlock, f.ino); n != 0 {
+				t.Fatalf("%s: %d blocks, want none", name, n)
+			}
+			continue
+		}
 		readMapped(t, s, bs, f)
 		if _, err := s.Read(f.ino, 0, 1); !errors.Is(err, ErrMapped) {
 			t.Fatalf("%s: Read after the conversion: %v", name, err)
@@ -232,14 +247,17 @@ func newFileBlocks(t *testing.T) *blocks.FileStore {
 	return must[*blocks.FileStore](t)(blocks.OpenFileStore(t.TempDir()))
 }
 
-// pagedBytes is what pagedFiles stores in blocks, big apart: not the
-// empty file's, nor the truncated one's, nor the zero page.
-const pagedBytes = 1 + PageSize + 5<<20 + 2*PageSize + 2*PageSize + 100 + 10<<10
+// pagedBytes is what pagedFiles stores in blocks, big apart: the 5 MiB
+// file's, the sparse file's two pages, the zero page's block (the zero
+// page inside it); not the files of at most wire.InlineMax (one, page,
+// linked) nor those with no data.
+const pagedBytes = 5<<20 + 2*PageSize + wire.InlineMax + PageSize + 100
 
-// TestConvertPagesToBlocks: every file reads back byte-identical through
-// its block map and the block store, holes stay holes (the sparse file
-// and the page of zeros have no block for them), links share the one
-// inode, and the format becomes 4; a second run converts nothing.
+// TestConvertPagesToBlocks: every file over wire.InlineMax reads back
+// byte-identical through its block map and the block store, holes stay
+// holes (the sparse file has no block for them), the smaller files and
+// those with no data stay in pages, and the format becomes 4; a second
+// run converts nothing.
 func TestConvertPagesToBlocks(t *testing.T) {
 	dir := t.TempDir()
 	s := openTestStore(t, dir, Options{})
@@ -252,11 +270,9 @@ func TestConvertPagesToBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// every file with a page: not empty, truncated; the sparse file's two
-	// pages and the zero page's neighbours only
-	wantBytes := pagedBytes
-	if nfiles != 6 || nbytes != wantBytes {
-		t.Fatalf("converted %d files, %d bytes; want 6, %d", nfiles, nbytes, wantBytes)
+	// the files with a page and over InlineMax: 5MiB, sparse, zeropage
+	if nfiles != 3 || nbytes != pagedBytes {
+		t.Fatalf("converted %d files, %d bytes; want 3, %d", nfiles, nbytes, pagedBytes)
 	}
 	if n := checkConverted(t, s, bs, files); n != 0 {
 		t.Fatalf("%d orphan blocks after a clean conversion", n)
@@ -267,9 +283,12 @@ func TestConvertPagesToBlocks(t *testing.T) {
 	if a := must[Attr](t)(s.GetAttr(files["linked"].ino)); a.Nlink != 3 {
 		t.Fatalf("linked file: nlink %d", a.Nlink)
 	}
+	if a := must[Attr](t)(s.GetAttr(files["truncated"].ino)); a.Size != 3<<20 {
+		t.Fatalf("truncated file: size %d", a.Size)
+	}
 	// the zero page is a hole: two extents into one block
 	m := must[*blockmap.Map](t)(s.BlockMap(files["zeropage"].ino))
-	if e := m.Extents(); len(e) != 2 || e[0].Len != PageSize || e[1].Off != 2*PageSize {
+	if e := m.Extents(); len(e) != 2 || e[0].Len != wire.InlineMax || e[1].Off != wire.InlineMax+PageSize {
 		t.Fatalf("zero page file's extents %+v", e)
 	}
 	refs := referenced(t, s)
@@ -364,8 +383,8 @@ func TestConvertPagesToBlocksResume(t *testing.T) {
 		t.Fatalf("%d orphan blocks, want the 1 put before the cancel", n)
 	}
 	// each file and each byte converted once over all the runs
-	if want := pagedBytes + (deleteBatch+1)*PageSize; totalFiles != 7 || totalBytes != want {
-		t.Fatalf("%d files, %d bytes converted in all, want 7, %d", totalFiles, totalBytes, want)
+	if want := pagedBytes + (2*deleteBatch+1)*PageSize; totalFiles != 4 || totalBytes != want {
+		t.Fatalf("%d files, %d bytes converted in all, want 4, %d", totalFiles, totalBytes, want)
 	}
 }
 
@@ -415,4 +434,44 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// TestConvertFile: a paged file converted inside a request becomes one
+// block per window of data in one switch, its pages gone, its Version
+// and bytes unchanged; a block-mapped file and one with no page are left
+// as they are.
+func TestConvertFile(t *testing.T) {
+	s := openTestStore(t, t.TempDir(), Options{})
+	defer s.Close()
+	files := pagedFiles(t, s, false)
+	bs := newFileBlocks(t)
+	ctx := context.Background()
+	for _, name := range []string{"one", "zeropage", "5MiB"} {
+		f := files[name]
+		before := must[Attr](t)(s.GetAttr(f.ino))
+		if ok, err := s.ConvertFile(ctx, bs, f.ino); !ok || err != nil {
+			t.Fatalf("%s: ConvertFile = %v, %v", name, ok, err)
+		}
+		readMapped(t, s, bs, f)
+		if n := countRecords(t, s, RecPage, f.ino); n != 0 {
+			t.Fatalf("%s: %d pages left", name, n)
+		}
+		if n := countRecords(t, s, RecBlock, f.ino); n != f.blocks {
+			t.Fatalf("%s: %d blocks, want %d", name, n, f.blocks)
+		}
+		if a := must[Attr](t)(s.GetAttr(f.ino)); a.Version != before.Version || a.Size != before.Size {
+			t.Fatalf("%s: attributes %+v, were %+v", name, a, before)
+		}
+		if ok, err := s.ConvertFile(ctx, bs, f.ino); ok || err != nil {
+			t.Fatalf("%s: ConvertFile of a block-mapped file = %v, %v", name, ok, err)
+		}
+	}
+	for _, name := range []string{"empty", "truncated"} {
+		if ok, err := s.ConvertFile(ctx, bs, files[name].ino); ok || err != nil {
+			t.Fatalf("%s: ConvertFile of a file with no data = %v, %v", name, ok, err)
+		}
+		if _, err := s.Read(files[name].ino, 0, 1); err != nil {
+			t.Fatalf("%s: no longer paged: %v", name, err)
+		}
+	}
 }

@@ -163,8 +163,8 @@ func (s *Store) Append(ino ids.Ino, data []byte, in SetAttrIn, now int64) (Attr,
 }
 
 // checkSpans checks that spans fit in a file of at most maxSize bytes and
-// hold data.
-func checkSpans(spans []wire.Span, data []byte, maxSize uint64) error {
+// hold n bytes.
+func checkSpans(spans []wire.Span, n int, maxSize uint64) error {
 	total := 0
 	for _, sp := range spans {
 		total += int(sp.Len)
@@ -172,8 +172,8 @@ func checkSpans(spans []wire.Span, data []byte, maxSize uint64) error {
 			return wire.Errf(wire.CodeTooBig, "write past %d", maxSize)
 		}
 	}
-	if total != len(data) {
-		return wire.Errf(wire.CodeInvalid, "write spans hold %d bytes, data has %d", total, len(data))
+	if total != n {
+		return wire.Errf(wire.CodeInvalid, "write spans hold %d bytes, data has %d", total, n)
 	}
 	return nil
 }
@@ -194,7 +194,7 @@ func (s *Store) writeSetAttr(ino ids.Ino, spansAt func(size uint64) []wire.Span,
 			return err
 		}
 		spans := spansAt(n.Size)
-		if err := checkSpans(spans, data, s.maxSize); err != nil {
+		if err := checkSpans(spans, len(data), s.maxSize); err != nil {
 			return err
 		}
 		if len(data) == 0 && in.Valid == 0 {

@@ -41,10 +41,13 @@
 // the attribute record says which. The page operations answer ErrMapped
 // for a block-mapped file, the block map ones ErrNotMapped for a file
 // with pages; a file with neither becomes block-mapped at its first
-// CommitBlocks, and stays so until it is purged. While ConvertPagesToBlocks
-// converts a file, its 'B' and 'U' records are staged beside its pages,
-// unread until one transaction marks it block-mapped; its pages, ignored
-// from then on, go after (convertblocks.go).
+// CommitBlocks or WriteBlock, and stays so until it is purged. The server
+// keeps a file's data in pages while it is at most wire.InlineMax bytes
+// and was never block-mapped, and converts it (ConvertFile) when a write
+// makes it larger. While ConvertPagesToBlocks converts a file at start,
+// its 'B' and 'U' records are staged beside its pages, unread until one
+// transaction marks it block-mapped; its pages, ignored from then on, go
+// after (convertblocks.go).
 //
 // # Caller's duties
 //

@@ -11,13 +11,16 @@ import (
 // under 'K'); Open converts it in place. Format 2 stored file data in
 // pages as 3 does; 3 added the change count to attribute records, whose
 // older records are read as they are (inodeFormatV1) and rewritten at
-// their inode's next change. Open leaves a store at 3 at most: its file
-// data may be in pages until ConvertPagesToBlocks moves it all to blocks
-// and sets 4. A store of a newer format is refused: its records would be
-// misread.
+// their inode's next change. Open leaves a store at 3 at most: a file of
+// any size may keep its data in pages until ConvertPagesToBlocks moves the
+// data of every file over wire.InlineMax to blocks and sets 4. From then
+// on a server with a block store keeps it so: a file stays in pages while
+// it is at most InlineMax bytes and was never block-mapped (a cluster,
+// which converts files as they are written, stays at 3). A store of a
+// newer format is refused: its records would be misread.
 const (
 	pagesFormat = 3 // file data in PageSize pages under 'P' (or block maps); attribute records with a change count
-	storeFormat = 4 // every regular file block-mapped: no page left
+	storeFormat = 4 // no file over wire.InlineMax keeps its data in pages
 
 	recLegacyChunk  = 'K'
 	legacyChunkSize = 64 << 10
