@@ -19,8 +19,9 @@ import (
 )
 
 // blockServer is the server's block store and the HTTPS endpoint that
-// serves it to mounts on other hosts (blocks.Handler). It is not yet used
-// for file data, which still goes through the QUIC path.
+// serves it to mounts on other hosts (blocks.Handler). The server itself
+// puts and reads blocks for the writes and reads that come through the
+// QUIC path (ops_blockdata.go).
 type blockServer struct {
 	store  *blocks.FileStore
 	dir    string
@@ -140,6 +141,26 @@ func (s *Server) startBlockGC() {
 	}()
 	s.blocks.gc = gc
 	s.blocks.stopGC = sync.OnceFunc(func() { cancel(); <-done })
+}
+
+// convertAtStart moves the data of the files larger than wire.InlineMax
+// from pages to blocks before the server serves (store format 4), as the
+// store's format upgrades are made.
+func (s *Server) convertAtStart() error {
+	if s.cfg.clustered() {
+		// Only an inode's owner may change its records, and ownership
+		// comes after start: each file is converted by its owner when it
+		// is written (writeBlock, opCommitBlocks), and read through the
+		// server until then (opLookupBlocks answers its bytes).
+		s.log.Info("cluster: files over the inline size whose data is still in pages are not converted at start: they are read through the server and converted when written",
+			"inline_max", wire.InlineMax)
+		return nil
+	}
+	_, _, err := s.store.ConvertPagesToBlocks(context.Background(), s.blocks.store, s.log)
+	if err != nil {
+		return fmt.Errorf("metaserver: %w", err)
+	}
+	return nil
 }
 
 // garbageDelay is how long a block no map references stays in the store:

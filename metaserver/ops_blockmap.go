@@ -10,12 +10,12 @@ import (
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/locks"
 	"github.com/leasefs/leasefs/metaserver/store"
+	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
 
-// errPaged answers a block map request about a file whose data is in
-// pages (or a server without a block store): the client reads and writes
-// it with OpRead and OpWrite.
+// errPaged answers a block commit to a server without a block store: the
+// client writes with OpWrite.
 func errPaged(ino ids.Ino) *wire.Reply {
 	return wire.ErrorReply(wire.Errf(wire.CodeNotSupported, "data of %v is not in blocks: use the page path", ino))
 }
@@ -51,7 +51,11 @@ func (s *Server) opCommitBlocks(q *request) *wire.Reply {
 		}
 		a, err := q.st.CommitBlocks(r.Ino, blks, exts, r.Size, q.now)
 		if errors.Is(err, store.ErrNotMapped) {
-			return errPaged(r.Ino)
+			// its data was small enough for pages until now
+			if err := s.convertPaged(q.ctx, r.Ino); err != nil {
+				return wire.ErrorReply(err)
+			}
+			a, err = q.st.CommitBlocks(r.Ino, blks, exts, r.Size, q.now)
 		}
 		return attrReply(a, err)
 	})
@@ -86,21 +90,30 @@ func (s *Server) checkUploaded(ctx context.Context, ino ids.Ino, blks []blockmap
 
 // opLookupBlocks returns the pieces of a range of a block-mapped file, at
 // most wire.MaxPieces (the client asks again from where they end), under
-// the S lock it takes and grants as opRead does.
+// the S lock it takes and grants as opRead does. For a file whose data is
+// in pages (every file of a server without a block store) it answers the
+// bytes themselves, as opRead does, flagged wire.InlineData.
 func (s *Server) opLookupBlocks(q *request) *wire.Reply {
 	r := q.r
-	if s.blocks == nil {
-		return errPaged(r.Ino)
-	}
 	return s.underLocks(q.ctx, q.sess, shared(r.Ino), func() *wire.Reply {
-		ps, a, err := q.st.LookupBlocks(r.Ino, r.Off, r.Size)
-		if errors.Is(err, store.ErrNotMapped) {
-			return errPaged(r.Ino)
+		if s.blocks != nil {
+			ps, a, err := q.st.LookupBlocks(r.Ino, r.Off, r.Size)
+			if err == nil {
+				return &wire.Reply{Data: wire.AppendPieces(nil, ps[:min(len(ps), wire.MaxPieces)]), Attr: toWire(a)}
+			}
+			if !errors.Is(err, store.ErrNotMapped) {
+				return wire.ErrorReply(err)
+			}
 		}
+		// the S lock keeps the file paged: its conversion takes X
+		data, a, err := q.st.ReadWithAttr(r.Ino, r.Off, int(min(r.Size, wire.MaxData)), transport.Buffer)
 		if err != nil {
 			return wire.ErrorReply(err)
 		}
-		return &wire.Reply{Data: wire.AppendPieces(nil, ps[:min(len(ps), wire.MaxPieces)]), Attr: toWire(a)}
+		if data == nil {
+			data = []byte{}
+		}
+		return &wire.Reply{Flags: wire.InlineData, Data: data, Attr: toWire(a)}
 	})
 }
 

@@ -1,6 +1,7 @@
 package metaserver
 
 import (
+	"errors"
 	"syscall"
 
 	"github.com/leasefs/leasefs/internal/ids"
@@ -57,18 +58,29 @@ func (s *Server) opRelease(q *request) *wire.Reply {
 func (s *Server) opRead(q *request) *wire.Reply {
 	r := q.r
 	return s.underLocks(q.ctx, q.sess, shared(r.Ino), func() *wire.Reply {
-		// a pooled buffer, which handle gives back once the reply
-		// is encoded: a fresh megabyte per read cost a page fault
-		// per 4 KiB when the store copied into it
-		data, a, err := q.st.ReadWithAttr(r.Ino, r.Off, int(min(r.Size, wire.MaxData)), transport.Buffer)
+		data, a, err := s.readData(q)
 		if err != nil {
 			return wire.ErrorReply(err)
 		}
-		if data == nil {
-			data = []byte{}
-		}
 		return &wire.Reply{Data: data, Attr: toWire(a)}
 	})
+}
+
+// readData reads up to wire.MaxData bytes of q's file at q.r.Off, from its
+// pages or its blocks, into a pooled buffer, which handle gives back once
+// the reply is encoded: a fresh megabyte per read cost a page fault per
+// 4 KiB when the store copied into it.
+func (s *Server) readData(q *request) ([]byte, store.Attr, error) {
+	r := q.r
+	n := int(min(r.Size, wire.MaxData))
+	data, a, err := q.st.ReadWithAttr(r.Ino, r.Off, n, transport.Buffer)
+	if errors.Is(err, store.ErrMapped) && s.blocks != nil {
+		data, a, err = s.readBlocks(q.ctx, r.Ino, r.Off, n)
+	}
+	if err == nil && data == nil {
+		data = []byte{}
+	}
+	return data, a, err
 }
 
 // opSeek answers SEEK_DATA and SEEK_HOLE under an S lock, as a read is:
@@ -113,30 +125,58 @@ func (s *Server) opPunch(q *request) *wire.Reply {
 	})
 }
 
-// write applies a write under its lock, once.
+// write applies a write under its lock, once: to pages, or as a block
+// for a file that is block-mapped or that the write makes larger than
+// wire.InlineMax (when the server has a block store).
 func (s *Server) write(q *request) *wire.Reply {
 	r, st := q.r, q.st
-	if r.Flags&wire.WriteIfVersion != 0 {
+	appending := r.Flags&wire.WriteAppend != 0
+	if appending && r.Spans != nil {
+		return wire.ErrorReply(wire.Errf(wire.CodeInvalid, "an append cannot be a vectored write"))
+	}
+	spans := r.Spans
+	if spans == nil && !appending {
+		spans = store.SpanAt(r.Off, r.Data)
+	}
+	if r.Flags&wire.WriteIfVersion != 0 || s.blocks != nil && len(r.Data) > 0 {
 		a, err := st.GetAttr(r.Ino)
 		if err != nil {
 			return wire.ErrorReply(err)
 		}
-		if a.Version != r.Version {
+		if r.Flags&wire.WriteIfVersion != 0 && a.Version != r.Version {
 			return wire.ErrorReply(wire.Errf(wire.CodeStale,
 				"file changed since the buffered writes were made (version %d, not %d)", a.Version, r.Version))
 		}
-	}
-	if r.Flags&wire.WriteAppend != 0 {
-		if r.Spans != nil {
-			return wire.ErrorReply(wire.Errf(wire.CodeInvalid, "an append cannot be a vectored write"))
+		if s.blocks != nil && len(r.Data) > 0 && writeEnd(a.Size, spans, len(r.Data), appending) > wire.InlineMax {
+			return s.writeBlock(q, spans, appending)
 		}
-		return attrReply(st.Append(r.Ino, r.Data, setAttrIn(r), q.now))
 	}
-	spans := r.Spans
-	if spans == nil {
-		spans = store.SpanAt(r.Off, r.Data)
+	a, err := s.writePages(q, spans, appending)
+	if errors.Is(err, store.ErrMapped) && s.blocks != nil {
+		return s.writeBlock(q, spans, appending)
 	}
-	return attrReply(st.WriteSetAttr(r.Ino, spans, r.Data, setAttrIn(r), q.now))
+	return attrReply(a, err)
+}
+
+// writeEnd is the size of a file of size bytes after a write of n bytes
+// into spans, or appended.
+func writeEnd(size uint64, spans []wire.Span, n int, appending bool) uint64 {
+	if appending {
+		return size + uint64(n)
+	}
+	if len(spans) > 0 {
+		last := spans[len(spans)-1]
+		size = max(size, last.Off+uint64(last.Len))
+	}
+	return size
+}
+
+func (s *Server) writePages(q *request, spans []wire.Span, appending bool) (store.Attr, error) {
+	r := q.r
+	if appending {
+		return q.st.Append(r.Ino, r.Data, setAttrIn(r), q.now)
+	}
+	return q.st.WriteSetAttr(r.Ino, spans, r.Data, setAttrIn(r), q.now)
 }
 
 func (s *Server) opStatFs(q *request) *wire.Reply {

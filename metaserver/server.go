@@ -256,6 +256,11 @@ func Start(cfg Config) (*Server, error) {
 			st.Close()
 			return nil, err
 		}
+		if err := s.convertAtStart(); err != nil {
+			s.closeBlocks()
+			st.Close()
+			return nil, err
+		}
 	}
 	s.tr, err = transport.Listen(cfg.Listen, transport.ServerConfig{Identity: id, Logger: cfg.Logger, Faults: cfg.Faults,
 		Receiving: s.receiving}, s.serve)
@@ -282,7 +287,7 @@ func Start(cfg Config) (*Server, error) {
 	}()
 	if s.blocks != nil {
 		s.startBlockGC()
-		s.log.Info("block store (not yet used for file data)", "blocks", cfg.Blocks, "store_id", s.blocks.wire.StoreID,
+		s.log.Info("block store", "blocks", cfg.Blocks, "store_id", s.blocks.wire.StoreID,
 			"blocks_listen", s.blocks.ln.Addr().String())
 	}
 	s.log.Info("serving", "listen", s.tr.Addr().String(), "data", cfg.Dir, "server_id", cfg.ServerID)
@@ -441,12 +446,12 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	// commit, a replica change's clone) before the request returned.
 	transport.Recycle(tr.Body)
 	s.counters.Bytes.Add(int64(len(rep.Data)))
-	if req.Op != wire.OpRead {
+	if req.Op != wire.OpRead && req.Op != wire.OpLookupBlocks {
 		return rep.Append(nil)
 	}
 	// A read can run again: the transport keeps no copy of its reply,
 	// which can then be a pooled buffer too (room for the reply around
-	// the data, which the reply copies; ops.go, OpRead).
+	// the data, which the reply copies; ops_data.go, readData).
 	tr.Idempotent = true
 	out := rep.Append(transport.Buffer(len(rep.Data) + 4<<10)[:0])
 	transport.Recycle(rep.Data)

@@ -55,7 +55,10 @@ const (
 	OpCommitBlocks
 	// OpLookupBlocks returns the pieces of [Off, Off+Size) of Ino (Data:
 	// AppendPieces, at most MaxPieces: the client asks again from where
-	// they end) and its attributes, under an S lock as OpRead.
+	// they end) and its attributes, under an S lock as OpRead. For a file
+	// whose data is in pages (of any size: see InlineMax) the reply's
+	// Flags hold InlineData and Data is the file's bytes from Off, as
+	// OpRead answers them: at most MaxData, fewer at its end.
 	OpLookupBlocks
 	// OpSeek is lseek's SEEK_DATA or SEEK_HOLE (Flags: SeekData or
 	// SeekHole) from Off in Ino, under an S lock as OpRead: the reply's
