@@ -363,6 +363,32 @@ func (g *spaceGuard) admit(c *txnCost) error {
 	return nil
 }
 
+// AdmitOutside admits n bytes that another writer on the data
+// directory's file system (the block store, when its directory is there)
+// is about to write, as a change adding data is admitted: CodeNoSpace if
+// they would leave less than the reserve free, so that block writes never
+// take the space badger needs. release, called once they are written (or
+// not), ends the admission.
+func (s *Store) AdmitOutside(n int64) (release func(), err error) {
+	g := s.space
+	if g == nil || n <= 0 {
+		return func() {}, nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	avail, err := g.availLocked(n, g.limitLocked())
+	if err != nil {
+		return nil, wire.Errf(wire.CodeIO, "%v", err)
+	}
+	if avail-g.pending-n < g.limitLocked() {
+		g.refused.Add(1)
+		return nil, wire.Errf(wire.CodeNoSpace, "data file system full: %d bytes free, a block of %d needs them above the %d-byte reserve",
+			max(avail-g.pending, 0), n, g.floor()+g.room)
+	}
+	g.pending += n
+	return func() { g.release(n) }, nil
+}
+
 // reserveBytes counts n bytes badger is about to write on its own (a value
 // log collection's rewrite, which gives space back) as pending, if they fit
 // above the floor, and returns their release. If they do not, the floor

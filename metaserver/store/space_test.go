@@ -273,3 +273,34 @@ func TestWrittenBytes(t *testing.T) {
 		t.Fatalf("%d bytes written, %d allocated: counted %d", 300_021, st.Blocks*512, w)
 	}
 }
+
+// TestAdmitOutside: bytes another writer puts on the data directory's
+// file system are admitted while they leave the reserve free, and count
+// as pending until released; past the reserve they are refused with
+// CodeNoSpace.
+func TestAdmitOutside(t *testing.T) {
+	disk := &fakeDisk{avail: 64 << 20, total: 64 << 20}
+	s := openTestStore(t, t.TempDir(), Options{Statfs: disk.statfs})
+	defer s.Close()
+	g := s.space
+	limit := limitOf(g)
+	disk.set(limit + 1<<20)
+	release, err := s.AdmitOutside(1 << 19)
+	if err != nil {
+		t.Fatalf("half a MiB above the reserve: %v", err)
+	}
+	// the first half is pending: another half MiB and a byte do not fit
+	if _, err := s.AdmitOutside(1<<19 + 1); !errors.Is(err, wire.Err(wire.CodeNoSpace)) {
+		t.Fatalf("past the reserve with the first pending: %v, want CodeNoSpace", err)
+	}
+	release()
+	disk.set(limit + 1<<20 - 1<<19) // the first half written
+	if _, err := s.AdmitOutside(1<<19 + 1); !errors.Is(err, wire.Err(wire.CodeNoSpace)) {
+		t.Fatalf("past the reserve: %v, want CodeNoSpace", err)
+	}
+	release, err = s.AdmitOutside(1 << 19)
+	if err != nil {
+		t.Fatalf("up to the reserve: %v", err)
+	}
+	release()
+}
