@@ -43,10 +43,12 @@ func clusterTimings() []string {
 }
 
 // startCluster starts n servers: the first creates the identity, the
-// others join with it.
+// others join with it. They share one block directory: whichever server
+// owns an inode next must read the blocks the one before put.
 func startCluster(t *testing.T, n int, extra ...string) *testCluster {
 	t.Helper()
 	c := &testCluster{}
+	extra = append([]string{"--blocks", "file:" + t.TempDir()}, extra...)
 	var peers []string
 	for i := 1; i <= n; i++ {
 		s := &clusterServer{server: &server{dir: t.TempDir(), addr: testnet.UDPAddr(t)}, id: i, admin: testnet.TCPAddr(t)}

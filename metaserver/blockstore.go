@@ -9,11 +9,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/leasefs/leasefs/blocks"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/locks"
+	"github.com/leasefs/leasefs/metaserver/store"
 	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -23,7 +25,10 @@ import (
 // puts and reads blocks for the writes and reads that come through the
 // QUIC path (ops_blockdata.go).
 type blockServer struct {
-	store  *blocks.FileStore
+	store *blocks.FileStore
+	// put is store for the server's own Puts: guarded when store is on
+	// the data directory's file system (guardedStore).
+	put    blocks.Store
 	dir    string
 	signer *blocks.Signer
 	http   *http.Server
@@ -101,6 +106,41 @@ func startBlocks(cfg *Config, id *transport.Identity) (*blockServer, error) {
 	return b, nil
 }
 
+// guardedStore is a block store on the data directory's file system: its
+// Puts are admitted by the metadata store's space guard first, so that
+// blocks never take the space badger must keep (store.AdmitOutside).
+type guardedStore struct {
+	blocks.Store
+	st *store.Store
+}
+
+func (g guardedStore) Put(ctx context.Context, id blocks.ID, data []byte) error {
+	// a file system block more: the file's last one, partly filled
+	release, err := g.st.AdmitOutside(int64(len(data)) + 4096)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return g.Store.Put(ctx, id, data)
+}
+
+// guardPuts sets b.put: guarded by st if b's directory is on the file
+// system of the data directory dataDir.
+func (b *blockServer) guardPuts(st *store.Store, dataDir string) error {
+	var bst, dst syscall.Stat_t
+	if err := syscall.Stat(b.dir, &bst); err != nil {
+		return fmt.Errorf("metaserver: block store %s: %w", b.dir, err)
+	}
+	if err := syscall.Stat(dataDir, &dst); err != nil {
+		return fmt.Errorf("metaserver: data directory %s: %w", dataDir, err)
+	}
+	b.put = b.store
+	if bst.Dev == dst.Dev {
+		b.put = guardedStore{b.store, st}
+	}
+	return nil
+}
+
 // advertised is addr as session opens announce it: without its host when
 // that is unspecified (0.0.0.0, ::), which no mount can dial.
 func advertised(addr net.Addr) string {
@@ -156,7 +196,7 @@ func (s *Server) convertAtStart() error {
 			"inline_max", wire.InlineMax)
 		return nil
 	}
-	_, _, err := s.store.ConvertPagesToBlocks(context.Background(), s.blocks.store, s.log)
+	_, _, err := s.store.ConvertPagesToBlocks(context.Background(), s.blocks.put, s.log)
 	if err != nil {
 		return fmt.Errorf("metaserver: %w", err)
 	}

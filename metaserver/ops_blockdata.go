@@ -24,32 +24,61 @@ import (
 // spans' bytes one after another (appended at the file's end if
 // appending), and commits it with the write's attribute changes in the
 // request's transaction. A file whose data is in pages is converted
-// first. Under the file's X lock and write mutex (writeOnce).
+// between the two: a block store without room for the write then leaves
+// the file as it was. Under the file's X lock and write mutex
+// (writeOnce).
 func (s *Server) writeBlock(q *request, spans []wire.Span, appending bool) *wire.Reply {
 	r := q.r
-	if err := s.convertPaged(q.ctx, r.Ino); errors.Is(err, store.ErrTooBigToConvert) {
-		// a big file of a cluster's old data directory: it stays in pages
-		return attrReply(s.writePages(q, spans, appending))
-	} else if err != nil {
-		return wire.ErrorReply(err)
-	}
 	id := blocks.NewID(r.Ino)
 	if err := s.put(q.ctx, id, r.Data); err != nil {
 		return wire.ErrorReply(err)
 	}
-	blk := blockmap.Block{Unique: id.Unique, Size: uint64(len(r.Data)), Sums: blocks.Sum(r.Data)}
-	// a failed commit leaves the block an orphan, which the collector removes
-	if appending {
-		return attrReply(q.st.AppendBlock(r.Ino, blk, setAttrIn(r), q.now))
+	a, used, err := s.commitWrite(q, id, spans, appending)
+	if !used {
+		s.dropUnused(id)
 	}
-	return attrReply(q.st.WriteBlock(r.Ino, blk, spans, setAttrIn(r), q.now))
+	return attrReply(a, err)
+}
+
+// commitWrite commits block id, put with q's data, as writeBlock says, and
+// reports whether it did: a file too big to convert is written in pages
+// instead.
+func (s *Server) commitWrite(q *request, id blocks.ID, spans []wire.Span, appending bool) (a store.Attr, used bool, err error) {
+	r := q.r
+	if err := s.convertPaged(q.ctx, r.Ino); errors.Is(err, store.ErrTooBigToConvert) {
+		// a big file of a cluster's old data directory: it stays in pages
+		a, err := s.writePages(q, spans, appending)
+		return a, false, err
+	} else if err != nil {
+		return a, false, err
+	}
+	blk := blockmap.Block{Unique: id.Unique, Size: uint64(len(r.Data)), Sums: blocks.Sum(r.Data)}
+	if appending {
+		a, err = q.st.AppendBlock(r.Ino, blk, setAttrIn(r), q.now)
+	} else {
+		a, err = q.st.WriteBlock(r.Ino, blk, spans, setAttrIn(r), q.now)
+	}
+	return a, err == nil, err
+}
+
+// dropUnused deletes block id, which the server put and did not commit, at
+// once on a single server: no map names it and no client knew of it. In a
+// cluster a failed commit may still be on a minority of replicas, so the
+// collector removes it as an orphan once it knows.
+func (s *Server) dropUnused(id blocks.ID) {
+	if s.owner != nil {
+		return
+	}
+	if err := s.blocks.store.Delete(context.Background(), id); err != nil {
+		s.log.Warn("deleting a block not committed", "block", id, "err", err)
+	}
 }
 
 // convertPaged moves the data of ino from pages to blocks if it is in
 // pages, under the file's X lock and write mutex. The conversion is no
 // part of the request's change: a resend must still make the change.
 func (s *Server) convertPaged(ctx context.Context, ino ids.Ino) error {
-	converted, err := s.store.ConvertFile(ctx, s.blocks.store, ino)
+	converted, err := s.store.ConvertFile(ctx, s.blocks.put, ino)
 	if err != nil {
 		return putErr(err)
 	}
@@ -62,7 +91,7 @@ func (s *Server) convertPaged(ctx context.Context, ino ids.Ino) error {
 // put puts data as block id: the block store's lack of room is ENOSPC to
 // the writer (CodeNoSpace), nothing committed.
 func (s *Server) put(ctx context.Context, id blocks.ID, data []byte) error {
-	return putErr(s.blocks.store.Put(ctx, id, data))
+	return putErr(s.blocks.put.Put(ctx, id, data))
 }
 
 // putErr is the wire error for a failed Put (or a conversion's).

@@ -304,8 +304,9 @@ func TestReadBlockUnreadable(t *testing.T) {
 
 // TestWriteBlockNoSpace: with the block store full, a write that needs a
 // block, whether to a block-mapped file or one that would take a paged
-// file past InlineMax, answers CodeNoSpace and leaves the file as it was;
-// once space is freed the same write goes through.
+// file past InlineMax, answers CodeNoSpace and leaves the file as it was
+// (the paged file is not converted, though its pages would fit); once
+// space is freed the same write goes through.
 func TestWriteBlockNoSpace(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a tmpfs needs root")
@@ -338,7 +339,12 @@ func TestWriteBlockNoSpace(t *testing.T) {
 	}
 	mappedData, pagedData := randData(wire.InlineMax+100, 7), randData(30000, 8)
 	mapped, paged := mk("mapped", mappedData), mk("paged", pagedData)
-	// fill the store
+	// fill the store but for 40 KiB: room for the paged file's 30000
+	// bytes, not for a write of 50000
+	reserve := blocks.NewID(999)
+	if err := s.blocks.store.Put(ctx, reserve, make([]byte, 40<<10)); err != nil {
+		t.Fatal(err)
+	}
 	var filler []blocks.ID
 	for size := 1 << 20; size >= 512; size /= 2 {
 		for {
@@ -351,6 +357,9 @@ func TestWriteBlockNoSpace(t *testing.T) {
 			}
 			filler = append(filler, id)
 		}
+	}
+	if err := s.blocks.store.Delete(ctx, reserve); err != nil {
+		t.Fatal(err)
 	}
 	writes := []struct {
 		ino  ids.Ino

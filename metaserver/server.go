@@ -256,7 +256,11 @@ func Start(cfg Config) (*Server, error) {
 			st.Close()
 			return nil, err
 		}
-		if err := s.convertAtStart(); err != nil {
+		err := s.blocks.guardPuts(st, cfg.Dir)
+		if err == nil {
+			err = s.convertAtStart()
+		}
+		if err != nil {
 			s.closeBlocks()
 			st.Close()
 			return nil, err
