@@ -451,3 +451,40 @@ func TestStartConvertsBigPagedFiles(t *testing.T) {
 		t.Errorf("a file with no data: %v", err)
 	}
 }
+
+// TestClusterWriteBlocks: on a cluster sharing one block directory, a
+// file written past InlineMax through server 1 reads back through server
+// 2, which takes it over, writes to it as blocks and converts it no
+// more; server 1 reads that back after taking it again.
+func TestClusterWriteBlocks(t *testing.T) {
+	shared := t.TempDir()
+	tc := newTestCluster(t, 3, func(id ids.ServerID, cfg *Config) {
+		cfg.Blocks = "file:" + shared
+		cfg.BlocksListen = "127.0.0.1:0"
+	})
+	ctx := testContext(t)
+	c1, c2 := tc.connect(1), tc.connect(2)
+	f, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := randData(1000, 13)
+	call(ctx, t, c1, writeReq(f.Ino, 0, want)) // in pages
+	more := randData(wire.InlineMax, 14)
+	call(ctx, t, c1, writeReq(f.Ino, uint64(len(want)), more)) // converted
+	want = append(want, more...)
+	if got := readOp(ctx, t, c2, f.Ino, uint64(len(want))); !bytes.Equal(got, want) {
+		t.Fatal("read through server 2 differs")
+	}
+	if _, err := tc.srv[2].owner.OwnerEpoch(f.Ino); err != nil {
+		t.Fatalf("server 2 does not own the file it read: %v", err)
+	}
+	call(ctx, t, c2, writeReq(f.Ino, 500, []byte("through two")))
+	copy(want[500:], "through two")
+	if got, _ := readPieces(ctx, t, tc.srv[1], c1, f.Ino); !bytes.Equal(got, want) {
+		t.Fatal("pieces through server 1 differ")
+	}
+	if got := readOp(ctx, t, c1, f.Ino, uint64(len(want))); !bytes.Equal(got, want) {
+		t.Fatal("read through server 1 differs")
+	}
+}

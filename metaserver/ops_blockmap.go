@@ -14,10 +14,10 @@ import (
 	"github.com/leasefs/leasefs/wire"
 )
 
-// errPaged answers a block commit to a server without a block store: the
-// client writes with OpWrite.
-func errPaged(ino ids.Ino) *wire.Reply {
-	return wire.ErrorReply(wire.Errf(wire.CodeNotSupported, "data of %v is not in blocks: use the page path", ino))
+// errNoBlockStore answers a block commit to a server without a block
+// store: the client writes with OpWrite.
+func errNoBlockStore(ino ids.Ino) *wire.Reply {
+	return wire.ErrorReply(wire.Errf(wire.CodeNotSupported, "this server has no block store: write %v with OpWrite", ino))
 }
 
 // opCommitBlocks commits blocks the client put in the block store, only
@@ -28,7 +28,7 @@ func errPaged(ino ids.Ino) *wire.Reply {
 func (s *Server) opCommitBlocks(q *request) *wire.Reply {
 	r := q.r
 	if s.blocks == nil {
-		return errPaged(r.Ino)
+		return errNoBlockStore(r.Ino)
 	}
 	if r.ReqID == 0 {
 		return wire.ErrorReply(wire.Errf(wire.CodeInvalid, "a block commit needs a request id"))

@@ -147,7 +147,8 @@ func (s *Server) write(q *request) *wire.Reply {
 			return wire.ErrorReply(wire.Errf(wire.CodeStale,
 				"file changed since the buffered writes were made (version %d, not %d)", a.Version, r.Version))
 		}
-		if s.blocks != nil && len(r.Data) > 0 && writeEnd(a.Size, spans, len(r.Data), appending) > wire.InlineMax {
+		if s.blocks != nil && len(r.Data) > 0 && a.Mode&syscall.S_IFMT == syscall.S_IFREG &&
+			writeEnd(a.Size, spans, len(r.Data), appending) > wire.InlineMax {
 			return s.writeBlock(q, spans, appending)
 		}
 	}
@@ -171,6 +172,8 @@ func writeEnd(size uint64, spans []wire.Span, n int, appending bool) uint64 {
 	return size
 }
 
+// writePages writes q's data into its file's pages: ErrMapped for a
+// block-mapped file.
 func (s *Server) writePages(q *request, spans []wire.Span, appending bool) (store.Attr, error) {
 	r := q.r
 	if appending {
