@@ -12,7 +12,7 @@ import (
 // connBlocks is how the client reaches one server's block store: the
 // directory itself when the mount's host sees the same one (same store
 // id), else the server's HTTPS endpoint with capabilities from the
-// inodes' owners. Not yet used for file data.
+// inodes' owners.
 type connBlocks struct {
 	announced wire.BlockStore // what the session open said
 	store     blocks.Store    // nil: the server has no block store
@@ -35,7 +35,7 @@ func (c *Client) setBlocks(cn *conn, bs wire.BlockStore) {
 	cn.blocks = nb
 	c.mu.Unlock()
 	old.close()
-	c.log.Info("block store", "server", cn.addr, "path", nb.path, "note", "not yet used for file data")
+	c.log.Info("block store", "server", cn.addr, "path", nb.path)
 }
 
 // close closes a remote store's idle connections (nil: nothing to close).
@@ -103,7 +103,7 @@ func (c *Client) blockCapability(ctx context.Context, op blocks.Op, id blocks.ID
 
 // Blocks returns the home server's block store as this client reaches it
 // and which path that is ("local DIR", "remote URL", "none"). The store
-// is nil when the server has none. Not yet used for file data.
+// is nil when the server has none.
 func (c *Client) Blocks() (blocks.Store, string) {
 	home := c.homeConn()
 	c.mu.Lock()

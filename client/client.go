@@ -85,6 +85,8 @@ type Counters struct {
 	CreatedWithData                                  atomic.Int64 // of them, sent with the file's data (flushWithCreate)
 	BehindBatches                                    atomic.Int64 // requests that carried several of them (wire.OpBatch)
 	LocksEvicted                                     atomic.Int64 // locks the cache dropped for space, given back
+	BlocksBad                                        atomic.Int64 // blocks read missing or corrupt (EIO)
+	BlocksPut                                        atomic.Int64 // blocks this mount wrote to the block store
 }
 
 // Client is one mount's connection to leasefs.

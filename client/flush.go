@@ -62,17 +62,25 @@ func (w *writeBack) flushBuffered(ctx context.Context, ino ids.Ino) error {
 		return w.c.softErr(ctx, err)
 	}
 	defer f.mu.unlock()
-	reqs := packWrites(ino, f.extents())
+	reqs, err := w.changeRequests(ctx, ino, f)
+	if err != nil {
+		if refused(err) {
+			w.loseFile(ino, f, err)
+			w.retire(ino, f)
+			return nil
+		}
+		return err // kept, to be sent again
+	}
 	defer releaseWrites(reqs)
 	attrs := f.attrs
-	if attrs != nil && len(reqs) == 1 {
+	if attrs != nil && len(reqs) == 1 && reqs[0].Op == wire.OpWrite {
 		// one write carries the attribute change: one round trip (with
 		// several, concurrent writes, the change must follow them all)
 		withAttrs(reqs[0], attrs)
 		attrs = nil
 	}
 	sent := &sentWrites{reqs: reqs, base: f.base}
-	err := w.sendWrites(ctx, f, sent)
+	err = w.sendWrites(ctx, f, sent)
 	if err == nil && attrs != nil {
 		// if this is refused, the reclaim sends the writes again: the
 		// server answers them from its record of them, then takes the
@@ -95,6 +103,17 @@ func (w *writeBack) flushBuffered(ctx context.Context, ino ids.Ino) error {
 	}
 	w.retire(ino, f)
 	return nil
+}
+
+// changeRequests returns the requests that send f's buffered writes: the
+// block commits once their blocks are put (inBlocks), else writes
+// carrying the data.
+func (w *writeBack) changeRequests(ctx context.Context, ino ids.Ino, f *dirtyFile) ([]*wire.Request, error) {
+	exts := f.extents()
+	if !w.inBlocks(ino, exts) {
+		return packWrites(ino, exts), nil
+	}
+	return w.putBlocks(ctx, w.c.blockStore(), ino, exts)
 }
 
 // refused reports whether the server answered a flushed change with an
@@ -153,6 +172,9 @@ type sentWrites struct {
 // small file a tool creates, writes and closes costs one round trip and one
 // server request. It reports whether it sent them. Called with f.mu held.
 func (w *writeBack) flushWithCreate(ctx context.Context, ino ids.Ino, f *dirtyFile) (bool, error) {
+	if w.inBlocks(ino, f.extents()) {
+		return false, nil // its blocks are committed once the create is at the server
+	}
 	reqs := packWrites(ino, f.extents())
 	defer releaseWrites(reqs)
 	if len(reqs) != 1 {
@@ -267,8 +289,14 @@ func (w *writeBack) sendWrites(ctx context.Context, f *dirtyFile, sent *sentWrit
 		}
 		return err
 	}
-	if len(reqs) == 1 {
-		return send(reqs[0])
+	if len(reqs) <= 1 || reqs[0].Op == wire.OpCommitBlocks {
+		// commits of one file would only conflict at the server
+		for _, r := range reqs {
+			if err := send(r); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	var groups [][]*wire.Request
 	var prevEnd uint64

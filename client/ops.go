@@ -9,7 +9,6 @@ import (
 	"github.com/leasefs/leasefs/cache"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/internal/posixacl"
-	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -537,28 +536,13 @@ func (c *Client) read(ctx context.Context, ino ids.Ino, off uint64, buf []byte,
 		start = off &^ (readAroundSize - 1)
 		end = max(end, start+readAroundSize)
 	}
-	rep, err := c.call(ctx, &wire.Request{Op: wire.OpRead, Ino: ino, Off: start, Size: end - start},
-		func(ch *cache.Cache, rep *wire.Reply) {
-			// (only a reply in the current session gets here)
-			for _, g := range rep.Grants {
-				if g.Ino == ino {
-					info.grant = g.Seq
-				}
-			}
-			if rep.Code != wire.CodeOK || rep.Attr == nil {
-				return
-			}
-			ch.PutData(ino, start, rep.Data, uint64(len(rep.Data)) < end-start, rep.Attr.Version, gen)
-		})
+	f, err := c.fetch(ctx, ino, start, end, gen)
 	if err != nil {
 		return 0, readInfo{}, err
 	}
-	if rep.Attr != nil {
-		info.version = rep.Attr.Version
-	}
-	n = copy(buf, rep.Data[min(off-start, uint64(len(rep.Data))):])
-	// the cache and buf have their copies
-	transport.Recycle(rep.Encoded())
+	n = copy(buf, f.data[min(off-start, uint64(len(f.data))):])
+	f.recycle() // the cache and buf have their copies
+	info.grant, info.version = f.info.grant, f.info.version
 	c.ra.readDone(ino, off, n)
 	return n, info, nil
 }

@@ -6,7 +6,6 @@ import (
 
 	"github.com/leasefs/leasefs/cache"
 	"github.com/leasefs/leasefs/internal/ids"
-	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -160,14 +159,7 @@ func (r *readAhead) fetch(ino ids.Ino, p *prefetch) {
 	if r.c.wb.buffers(ino) {
 		return
 	}
-	rep, _ := r.c.call(context.Background(), &wire.Request{Op: wire.OpRead, Ino: ino, Off: p.start, Size: p.end - p.start},
-		func(ch *cache.Cache, rep *wire.Reply) {
-			if rep.Code != wire.CodeOK || rep.Attr == nil {
-				return
-			}
-			ch.PutData(ino, p.start, rep.Data, uint64(len(rep.Data)) < p.end-p.start, rep.Attr.Version, gen)
-		})
-	if rep != nil {
-		transport.Recycle(rep.Encoded()) // the cache has its copy
+	if f, err := r.c.fetch(context.Background(), ino, p.start, p.end, gen); err == nil {
+		f.recycle() // the cache has its copy
 	}
 }

@@ -73,9 +73,9 @@ func TestBlockPaths(t *testing.T) {
 	}
 }
 
-// TestClusterBlockPaths: each server of a cluster serves its own block
-// store, and a mount told to treat its server as remote reaches that
-// server's endpoint.
+// TestClusterBlockPaths: each server of a cluster serves the block store
+// they share on an endpoint of its own, and a mount told to treat its
+// server as remote reaches that server's endpoint.
 func TestClusterBlockPaths(t *testing.T) {
 	c := startCluster(t, 3, clusterTimings()...)
 	seen := map[string]bool{}

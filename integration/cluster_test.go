@@ -29,6 +29,7 @@ type testCluster struct {
 	servers      []*clusterServer
 	identityFile string // the first server's identity, which the others join with
 	tokenFile    string
+	blocksDir    string // the block store all servers share
 }
 
 // Cluster timing for tests: short leases so failover takes about a second.
@@ -48,7 +49,6 @@ func clusterTimings() []string {
 func startCluster(t *testing.T, n int, extra ...string) *testCluster {
 	t.Helper()
 	c := &testCluster{}
-	extra = append([]string{"--blocks", "file:" + t.TempDir()}, extra...)
 	var peers []string
 	for i := 1; i <= n; i++ {
 		s := &clusterServer{server: &server{dir: t.TempDir(), addr: testnet.UDPAddr(t)}, id: i, admin: testnet.TCPAddr(t)}
@@ -58,8 +58,10 @@ func startCluster(t *testing.T, n int, extra ...string) *testCluster {
 	}
 	c.identityFile = filepath.Join(c.servers[0].dir, "identity")
 	c.tokenFile = c.servers[0].tokenFile
+	c.blocksDir = t.TempDir()
 	for i, s := range c.servers {
-		s.extra = append([]string{"--id", strconv.Itoa(s.id), "--peers", strings.Join(peers, ","), "--admin", s.admin}, extra...)
+		s.extra = append([]string{"--id", strconv.Itoa(s.id), "--peers", strings.Join(peers, ","), "--admin", s.admin,
+			"--blocks", "file:" + c.blocksDir}, extra...)
 		if i > 0 {
 			s.extra = append(s.extra, "--identity-file", c.identityFile)
 		}

@@ -37,9 +37,10 @@ func startPerfCluster(t testing.TB, n int) *testCluster {
 	}
 	c.identityFile = filepath.Join(c.servers[0].dir, "identity")
 	c.tokenFile = c.servers[0].tokenFile
+	c.blocksDir = tmpfsDir(t, "blocks")
 	for i, s := range c.servers {
 		s.extra = []string{"--log-level", "info", "--id", strconv.Itoa(s.id), "--peers", strings.Join(peers, ","),
-			"--admin", s.admin}
+			"--admin", s.admin, "--blocks", "file:" + c.blocksDir}
 		if i > 0 {
 			s.extra = append(s.extra, "--identity-file", c.identityFile)
 		}

@@ -470,7 +470,7 @@ func printMount(w io.Writer, body []byte) error {
 		fmt.Fprintf(tw, "redirects\t%d\n", st.Redirects)
 		fmt.Fprintf(tw, "removals, creates sent behind\t%d, %d (in %d batches of several; %d creates with the file's data)\n",
 			st.RemovedBehind, st.CreatedBehind, st.BehindBatches, st.CreatedWithData)
-		fmt.Fprintf(tw, "block store\t%s (not yet used for file data)\n", st.Blocks)
+		fmt.Fprintf(tw, "block store\t%s\n", st.Blocks)
 	}); err != nil {
 		return err
 	}

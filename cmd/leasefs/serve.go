@@ -88,10 +88,8 @@ func (f *serveFlags) parse(name, args, desc string, argv []string, own func(*pfl
 	fs.DurationVar(&f.cfg.DeliveryTimeout, "delivery-timeout", f.cfg.DeliveryTimeout, "how long a lock revocation may go unacknowledged before the client is failed; a client flushing the file for it (its requests about the file keep coming) gets this long again after each, up to 30s")
 	fs.StringVar(&f.faults, "faults", "", "inject transport faults, e.g. drop=0.2,dup=0.2,delay=5ms (testing only)")
 	_ = fs.MarkHidden("faults")
-	fs.StringVar(&f.cfg.Blocks, "blocks", "", "block store of the data of files over 64 KiB: file:DIR (default file:DATA/blocks;\nthe servers of a cluster must share one directory)")
-	fs.StringVar(&f.cfg.BlocksListen, "blocks-listen", "", "HOST:PORT to serve the block store to other hosts on (HTTPS over TCP;\ndefault: --listen's host and port)")
-	_ = fs.MarkHidden("blocks")
-	_ = fs.MarkHidden("blocks-listen")
+	fs.StringVar(&f.cfg.Blocks, "blocks", "", "block store for file data: file:DIR (default file:DATA/blocks on a single server;\na cluster's servers must all name one directory they share)")
+	fs.StringVar(&f.cfg.BlocksListen, "blocks-listen", "", "HOST:PORT to serve the block store to mounts on other hosts on (HTTPS over TCP;\ndefault: --listen's host and port)")
 	f.logging.add(fs)
 	if err := parse(fs, argv); err != nil {
 		return nil, err
@@ -122,11 +120,20 @@ func (f *serveFlags) parse(name, args, desc string, argv []string, own func(*pfl
 	return fs.Args(), nil
 }
 
-// defaultBlocks makes the block store DATA/blocks unless --blocks named one.
-func (f *serveFlags) defaultBlocks() {
-	if f.cfg.Blocks == "" {
-		f.cfg.Blocks = "file:" + filepath.Join(f.cfg.Dir, "blocks")
+// defaultBlocks makes the block store DATA/blocks unless --blocks named
+// one. A cluster has no default: a map the owner replicates names blocks
+// every server must be able to check and a failover's new owner to
+// collect, so its servers share one store.
+func (f *serveFlags) defaultBlocks() error {
+	if f.cfg.Blocks != "" {
+		return nil
 	}
+	if len(f.cfg.Peers) > 1 {
+		return fmt.Errorf("a cluster's servers keep file data in one block store they share: " +
+			"give each --blocks file:DIR, the same directory (on a shared file system) for all")
+	}
+	f.cfg.Blocks = "file:" + filepath.Join(f.cfg.Dir, "blocks")
+	return nil
 }
 
 func runServe(argv []string) error {
@@ -187,7 +194,9 @@ func runServe(argv []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	f.defaultBlocks()
+	if err := f.defaultBlocks(); err != nil {
+		return err
+	}
 	srv, err := metaserver.Start(f.cfg)
 	if err != nil {
 		return err

@@ -52,7 +52,9 @@ func runUp(argv []string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	f.defaultBlocks()
+	if err := f.defaultBlocks(); err != nil {
+		return err
+	}
 	srv, err := metaserver.Start(f.cfg)
 	if err != nil {
 		return err

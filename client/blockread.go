@@ -1,0 +1,155 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	"github.com/leasefs/leasefs/blocks"
+	"github.com/leasefs/leasefs/blocks/blockmap"
+	"github.com/leasefs/leasefs/cache"
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/transport"
+	"github.com/leasefs/leasefs/wire"
+)
+
+// fetched is file data read from the server or the block store for a read
+// or a prefetch, and what came with it.
+type fetched struct {
+	data    []byte
+	info    readInfo
+	recycle func() // gives data's buffer back once the caller copied it
+}
+
+// fetch reads [start, end) of ino (fewer bytes at the end of the file)
+// and caches it under the S lock the lookup took. gen is the cache's data
+// generation from before the caller flushed its own writes: a write
+// buffered since makes what comes back uncacheable.
+//
+// With a block store, the owner answers with the file's block map for the
+// range (or, for a small file, its bytes: one round trip), and the blocks
+// are read straight from the store, verified against their checksums.
+// Without one, the server reads the data itself (OpRead).
+func (c *Client) fetch(ctx context.Context, ino ids.Ino, start, end, gen uint64) (fetched, error) {
+	st := c.blockStore()
+	op := wire.OpLookupBlocks
+	if st == nil {
+		op = wire.OpRead
+	}
+	var f fetched
+	rep, err := c.call(ctx, &wire.Request{Op: op, Ino: ino, Off: start, Size: end - start},
+		func(ch *cache.Cache, rep *wire.Reply) {
+			// (only a reply in the current session gets here)
+			for _, g := range rep.Grants {
+				if g.Ino == ino {
+					f.info.grant = g.Seq
+				}
+			}
+			if rep.Code != wire.CodeOK || rep.Attr == nil || !inline(op, rep) {
+				return
+			}
+			ch.PutData(ino, start, rep.Data, uint64(len(rep.Data)) < end-start, rep.Attr.Version, gen)
+		})
+	if err != nil {
+		return fetched{}, err
+	}
+	if rep.Attr != nil {
+		f.info.version = rep.Attr.Version
+	}
+	if inline(op, rep) {
+		f.data = rep.Data
+		f.recycle = func() { transport.Recycle(rep.Encoded()) }
+		return f, nil
+	}
+	ps, err := wire.ParsePieces(rep.Data)
+	if err != nil || rep.Attr == nil {
+		return fetched{}, wire.Errf(wire.CodeBadMessage, "block map of %v: %v", ino, err)
+	}
+	f.data, f.recycle = fetchBuffer(int(min(end, max(rep.Attr.Size, start)) - start))
+	if err := c.readPieces(ctx, st, ino, start, ps, f.data); err != nil {
+		f.recycle()
+		return fetched{}, err
+	}
+	c.withCache(func(ch *cache.Cache) {
+		ch.PutData(ino, start, f.data, uint64(len(f.data)) < end-start, f.info.version, gen)
+	})
+	return f, nil
+}
+
+// inline reports whether rep carries the file's bytes rather than pieces.
+func inline(op wire.Op, rep *wire.Reply) bool {
+	return op == wire.OpRead || rep.Flags&wire.InlineData != 0
+}
+
+// fetchBuffer returns a buffer of n bytes, pooled when a chunk buffer
+// holds it, and the function that gives it back.
+func fetchBuffer(n int) ([]byte, func()) {
+	if n > flushChunk {
+		return make([]byte, n), func() {}
+	}
+	b := (*chunkBufs.Get().(*[]byte))[:n]
+	return b, func() { b = b[:0]; chunkBufs.Put(&b) }
+}
+
+// readPieces fills buf, the file's bytes from start, with the pieces a
+// lookup returned: holes as zeros, data from the blocks. A lookup answers
+// at most wire.MaxPieces pieces: the rest of buf is looked up again.
+func (c *Client) readPieces(ctx context.Context, st blocks.Store, ino ids.Ino, start uint64, ps []blockmap.Piece, buf []byte) error {
+	rctx, cancel := c.opContext(ctx, false)
+	defer cancel()
+	end := start + uint64(len(buf))
+	pos := start
+	for pos < end {
+		if len(ps) == 0 {
+			rep, err := c.Call(ctx, &wire.Request{Op: wire.OpLookupBlocks, Ino: ino, Off: pos, Size: end - pos})
+			if err != nil {
+				return err
+			}
+			if ps, err = wire.ParsePieces(rep.Data); err != nil || rep.Flags&wire.InlineData != 0 || len(ps) == 0 {
+				// the file shrank or changed kind under a lock we no
+				// longer hold: the caller's read is answered short
+				return wire.Errf(wire.CodeAgain, "block map of %v changed during a read", ino)
+			}
+		}
+		p := ps[0]
+		ps = ps[1:]
+		if p.Off != pos || p.Off+p.Len > end {
+			return wire.Errf(wire.CodeBadMessage, "block map of %v: piece [%d, +%d) for a read at %d", ino, p.Off, p.Len, pos)
+		}
+		dst := buf[p.Off-start : p.Off-start+p.Len]
+		if p.Hole {
+			clear(dst)
+		} else if err := c.readBlock(rctx, st, ino, p, dst); err != nil {
+			return err
+		}
+		pos += p.Len
+	}
+	return nil
+}
+
+// readBlock reads piece p into dst. A block missing from the store or not
+// matching its checksums is EIO, never the wrong bytes, and an error in
+// the log naming the file.
+func (c *Client) readBlock(ctx context.Context, st blocks.Store, ino ids.Ino, p blockmap.Piece, dst []byte) error {
+	n, err := blocks.ReadVerified(ctx, st, p.Block, int64(p.Size), p.Sums, dst, int64(p.BlockOff))
+	if err == nil || errors.Is(err, io.EOF) && n == len(dst) {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return c.softErr(ctx, ctx.Err())
+	}
+	if errors.Is(err, blocks.ErrCorrupt) || errors.Is(err, blocks.ErrNotFound) || errors.Is(err, io.EOF) {
+		c.Counters.BlocksBad.Add(1)
+		c.log.Error("file data unreadable: a block is missing or corrupt; the read returns EIO",
+			"path", c.PathOf(ino), "ino", ino, "block", p.Block, "file_offset", p.Off, "err", err)
+	}
+	return wire.Errf(wire.CodeIO, "block %s of %s: %v", p.Block, c.PathOf(ino), err)
+}
+
+// blockStore is the block store file data is read from and written to,
+// as this mount reaches it (nil: the servers keep file data themselves).
+// The servers of a cluster share one store: the home server's is it.
+func (c *Client) blockStore() blocks.Store {
+	st, _ := c.Blocks()
+	return st
+}
