@@ -3,7 +3,6 @@ package integration
 import (
 	"bytes"
 	"crypto/rand"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -117,13 +116,7 @@ func storedBytes(dir string) int64 {
 			n += st.Blocks * 512
 		}
 	}
-	_ = filepath.WalkDir(filepath.Join(dir, "blocks"), func(path string, d fs.DirEntry, err error) error {
-		var st syscall.Stat_t
-		if err == nil && d.Type().IsRegular() && syscall.Stat(path, &st) == nil {
-			n += st.Blocks * 512
-		}
-		return nil
-	})
+	n += duBytes(filepath.Join(dir, "blocks"))
 	return n
 }
 

@@ -61,6 +61,10 @@ func (v adminView) Status() admin.Status {
 	st := admin.Status{ServerID: s.cfg.ServerID, Listen: s.Addr().String(), Started: s.start,
 		Uptime: time.Since(s.start).Round(time.Millisecond), CPUs: runtime.GOMAXPROCS(0), ClientLease: s.cfg.ClientLease,
 		ClockDrift: s.cfg.ClockDrift, Peers: []ownership.PeerStatus{}, StoreLSM: lsm, StoreVlog: vlog}
+	if s.blocks != nil {
+		u := s.blocks.usage(s.log)
+		st.BlockBytes, st.Blocks, st.BlockFree = u.Bytes, u.Blocks, u.Free
+	}
 	if s.owner != nil {
 		st.Peers = s.owner.PeerStatus()
 		cs := s.owner.Stats()

@@ -21,9 +21,9 @@ import (
 )
 
 // blockServer is the server's block store and the HTTPS endpoint that
-// serves it to mounts on other hosts (blocks.Handler). The server itself
-// puts and reads blocks for the writes and reads that come through the
-// QUIC path (ops_blockdata.go).
+// serves it to mounts on other hosts (blocks.Handler): file data larger
+// than wire.InlineMax. The server itself puts and reads blocks for the
+// writes and reads that come through the QUIC path (ops_blockdata.go).
 type blockServer struct {
 	store *blocks.FileStore
 	// put is store for the server's own Puts: guarded when store is on
@@ -41,6 +41,7 @@ type blockServer struct {
 	// gc collects the blocks no file needs any more; stopGC ends it.
 	gc     *BlockGC
 	stopGC func()
+	used   blockUsage
 }
 
 // parseBlocksSpec reads Config.Blocks: "file:DIR".
@@ -172,7 +173,11 @@ func (s *Server) startBlockGC() {
 	if s.owner != nil {
 		owns = func(ino ids.Ino) bool { _, err := s.owner.OwnerEpoch(ino); return err == nil }
 	}
-	gc := NewBlockGC(s.store, s.blocks.store, BlockGCConfig{Owns: owns, Clock: s.cfg.Clock, Logger: s.log})
+	gcCfg := BlockGCConfig{Owns: owns, Clock: s.cfg.Clock, Logger: s.log, OrphanDelay: s.cfg.OrphanDelay}
+	if d := s.cfg.OrphanDelay; d > 0 {
+		gcCfg.OrphanEvery = min(DefaultOrphanEvery, d/2) // found within about 1.5 times the delay
+	}
+	gc := NewBlockGC(s.store, s.blocks.store, gcCfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -268,4 +273,50 @@ func (m *lockMgr) holds(c ids.ClientID, ino ids.Ino, mode locks.Mode) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return !m.core.Failing(c) && m.core.Mode(c, ino) >= mode
+}
+
+// usageEvery is how old the block store's usage may be when statfs and
+// the admin status report it: counting it lists every block.
+const usageEvery = 10 * time.Second
+
+// blockUsage is the block store's usage as last counted, recounted in
+// the background once it is older than usageEvery.
+type blockUsage struct {
+	mu       sync.Mutex
+	u        blocks.Usage
+	at       time.Time
+	counting bool
+}
+
+// usage returns the store's usage: counted now the first time, then the
+// last count, with a recount started when it is stale.
+func (b *blockServer) usage(log interface{ Warn(string, ...any) }) blocks.Usage {
+	bu := &b.used
+	bu.mu.Lock()
+	defer bu.mu.Unlock()
+	if bu.at.IsZero() {
+		bu.u, bu.at = b.countUsage(log), time.Now()
+		return bu.u
+	}
+	if time.Since(bu.at) > usageEvery && !bu.counting {
+		bu.counting = true
+		go func() {
+			u := b.countUsage(log)
+			bu.mu.Lock()
+			bu.u, bu.at, bu.counting = u, time.Now(), false
+			bu.mu.Unlock()
+		}()
+	}
+	return bu.u
+}
+
+func (b *blockServer) countUsage(log interface{ Warn(string, ...any) }) blocks.Usage {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	u, err := b.store.Usage(ctx)
+	if err != nil {
+		log.Warn("block store: counting its usage failed", "dir", b.dir, "err", err)
+		return blocks.Usage{Free: -1}
+	}
+	return u
 }

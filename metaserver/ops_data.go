@@ -187,6 +187,24 @@ func (s *Server) opStatFs(q *request) *wire.Reply {
 	if err != nil {
 		return wire.ErrorReply(err)
 	}
+	if s.blocks != nil {
+		fs = s.withBlocks(fs)
+	}
 	return &wire.Reply{StatFs: &wire.StatFs{Blocks: fs.Blocks, Bfree: fs.Bfree, Bavail: fs.Bavail,
 		Files: fs.Files, Ffree: fs.Ffree, Bsize: fs.Bsize, NameLen: fs.NameLen}}
+}
+
+// withBlocks makes statfs count the block store: used is the blocks'
+// bytes and the metadata store's, free the less of what the two file
+// systems have left (a write needs room in both).
+func (s *Server) withBlocks(fs store.StatFs) store.StatFs {
+	u := s.blocks.usage(s.log)
+	free := fs.Bavail
+	if u.Free >= 0 {
+		free = min(free, uint64(u.Free)/uint64(fs.Bsize))
+	}
+	lsm, vlog := s.store.Size()
+	used := (uint64(u.Bytes) + uint64(lsm+vlog)) / uint64(fs.Bsize)
+	fs.Bfree, fs.Bavail, fs.Blocks = free, free, used+free
+	return fs
 }

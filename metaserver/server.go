@@ -68,9 +68,14 @@ type Config struct {
 	Identity *transport.Identity
 	// Blocks is the block store, "file:DIR" ("": none), served to mounts
 	// on other hosts over TLS at BlocksListen (HOST:PORT over TCP; "":
-	// Listen's host and port). Not yet used for file data.
+	// Listen's host and port). File data larger than wire.InlineMax
+	// lives there.
 	Blocks       string
 	BlocksListen string
+	// OrphanDelay is how old a block no map names must be before the
+	// collector deletes it (0: DefaultOrphanDelay): longer than a mount
+	// takes from putting a block to committing it.
+	OrphanDelay time.Duration
 
 	// beforeFetch, if set, is called before anti-entropy copies ino from
 	// peer p (tests: hold a copy back to force an interleaving).

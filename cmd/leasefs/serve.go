@@ -89,6 +89,8 @@ func (f *serveFlags) parse(name, args, desc string, argv []string, own func(*pfl
 	fs.StringVar(&f.faults, "faults", "", "inject transport faults, e.g. drop=0.2,dup=0.2,delay=5ms (testing only)")
 	_ = fs.MarkHidden("faults")
 	fs.StringVar(&f.cfg.Blocks, "blocks", "", "block store for file data: file:DIR (default file:DATA/blocks on a single server;\na cluster's servers must all name one directory they share)")
+	fs.DurationVar(&f.cfg.OrphanDelay, "orphan-delay", metaserver.DefaultOrphanDelay, "delete a block no file's map names once it is this old\n(left by a mount or server that died between putting and committing it)")
+	_ = fs.MarkHidden("orphan-delay") // tests; the default outlasts any flush
 	fs.StringVar(&f.cfg.BlocksListen, "blocks-listen", "", "HOST:PORT to serve the block store to mounts on other hosts on (HTTPS over TCP;\ndefault: --listen's host and port)")
 	f.logging.add(fs)
 	if err := parse(fs, argv); err != nil {

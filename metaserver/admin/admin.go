@@ -256,6 +256,9 @@ type Status struct {
 	Cluster      *ownership.Stats       `json:"cluster,omitempty"`
 	StoreLSM     int64                  `json:"store_lsm_bytes"`
 	StoreVlog    int64                  `json:"store_vlog_bytes"`
+	BlockBytes   int64                  `json:"block_bytes"`      // the block store's blocks
+	Blocks       int64                  `json:"blocks"`           // how many
+	BlockFree    int64                  `json:"block_free_bytes"` // room left there (-1: unknown)
 	Sessions     int                    `json:"sessions"`
 	Failing      int                    `json:"failing"`
 	LockedInodes int                    `json:"locked_inodes"`
@@ -358,7 +361,9 @@ func (a *Endpoint) register() {
 	gauge("leasefs_sessions", "Client sessions the server knows.", func(st Status) float64 { return float64(st.Sessions) })
 	gauge("leasefs_failing_clients", "Clients being timed out (NACKed).", func(st Status) float64 { return float64(st.Failing) })
 	gauge("leasefs_locked_inodes", "Inodes with data locks held or requested.", func(st Status) float64 { return float64(st.LockedInodes) })
-	gauge("leasefs_store_bytes", "Bytes stored (badger LSM plus value log).", func(st Status) float64 { return float64(st.StoreLSM + st.StoreVlog) })
+	gauge("leasefs_store_bytes", "Bytes of the metadata store (badger LSM plus value log).", func(st Status) float64 { return float64(st.StoreLSM + st.StoreVlog) })
+	gauge("leasefs_block_bytes", "Bytes of file data in the block store (counted every 10 s).", func(st Status) float64 { return float64(st.BlockBytes) })
+	gauge("leasefs_blocks", "Blocks in the block store (counted every 10 s).", func(st Status) float64 { return float64(st.Blocks) })
 	a.reg.MustRegister(a.m.requests, a.m.revocations)
 }
 
