@@ -6,6 +6,7 @@ import (
 	"errors"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/leasefs/leasefs/blocks"
 	"github.com/leasefs/leasefs/blocks/blockmap"
@@ -50,6 +51,7 @@ type packedBlock struct {
 	data *[]byte
 	blk  blockmap.Block
 	exts []blockmap.Extent
+	put  bool // in the store
 }
 
 // packBlocks calls put with each block the extents make, in file order:
@@ -125,6 +127,7 @@ func (w *writeBack) putBlocks(ctx context.Context, st blocks.Store, ino ids.Ino,
 	})
 	wg.Wait()
 	if firstErr != nil {
+		w.dropPut(st, packed)
 		if errors.Is(firstErr, syscall.ENOSPC) {
 			w.c.noteNoSpace()
 			return nil, wire.Errf(wire.CodeNoSpace, "block store: %v", firstErr)
@@ -137,6 +140,24 @@ func (w *writeBack) putBlocks(ctx context.Context, st blocks.Store, ino ids.Ino,
 	return commitRequests(ino, packed), nil
 }
 
+// dropPut deletes the blocks a failed flush put: on a full store their
+// room is what the next write needs, and nothing will commit them. A
+// store a mount may not delete from (the server's endpoint) keeps them
+// until the collector finds them unreferenced.
+func (w *writeBack) dropPut(st blocks.Store, packed []*packedBlock) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, b := range packed {
+		if !b.put {
+			continue
+		}
+		if err := st.Delete(ctx, b.id); err != nil {
+			w.c.log.Debug("block of a failed flush left to the collector", "block", b.id, "err", err)
+			return
+		}
+	}
+}
+
 // putBlock checksums b and puts it, then gives its buffer back.
 func (w *writeBack) putBlock(ctx context.Context, st blocks.Store, b *packedBlock) error {
 	defer func() { blockBufs.Put(b.data); b.data = nil }()
@@ -145,6 +166,7 @@ func (w *writeBack) putBlock(ctx context.Context, st blocks.Store, b *packedBloc
 	if err := st.Put(ctx, b.id, data); err != nil {
 		return err
 	}
+	b.put = true
 	w.c.Counters.BlocksPut.Add(1)
 	return nil
 }
