@@ -175,7 +175,10 @@ func TestMountKilledBeforeCommit(t *testing.T) {
 	committed := randomBytes(5 << 20)
 	f, err := os.Create(path)
 	must(t, err)
-	defer f.Close()
+	t.Cleanup(func() { f.Close() })
+	// before the file's close (cleanups run last first), which waits
+	// for the server
+	t.Cleanup(func() { s.signal(syscall.SIGCONT) })
 	_, err = f.Write(committed)
 	must(t, err)
 	must(t, f.Sync())
