@@ -61,3 +61,29 @@ func TestFileStoreENOSPC(t *testing.T) {
 		t.Fatalf("store lists %v", got)
 	}
 }
+
+// TestFileStoreKeepFree: a Put that would leave less than the room to
+// keep free fails with ENOSPC and leaves nothing; without it, it works.
+func TestFileStoreKeepFree(t *testing.T) {
+	st, err := OpenFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(t.TempDir(), &fs); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id := NewID(9)
+	st.SetKeepFree(int64(fs.Bavail) * fs.Bsize)
+	if err := st.Put(ctx, id, []byte("block")); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("Put into the room to keep: %v, want ENOSPC", err)
+	}
+	if _, err := st.ReadAt(ctx, id, make([]byte, 1), 0); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after the refused Put: %v, want no block", err)
+	}
+	st.SetKeepFree(0)
+	if err := st.Put(ctx, id, []byte("block")); err != nil {
+		t.Fatal(err)
+	}
+}

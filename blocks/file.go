@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -37,8 +38,9 @@ const (
 // Several processes on the host (the server and local mounts) may use one
 // directory at once.
 type FileStore struct {
-	dir string
-	id  string
+	dir      string
+	id       string
+	keepFree atomic.Int64 // SetKeepFree
 }
 
 var _ Store = (*FileStore)(nil)
@@ -156,6 +158,9 @@ func (s *FileStore) Put(ctx context.Context, id ID, data []byte) error {
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if err := s.checkKeepFree(int64(len(data))); err != nil {
+		return fmt.Errorf("blocks: put %s: %w", id, err)
 	}
 	tmp, err := writeTemp(filepath.Join(s.dir, tmpDir), data)
 	if err != nil {
@@ -365,4 +370,26 @@ func (s *FileStore) Usage(ctx context.Context) (Usage, error) {
 	}
 	u.Free = int64(st.Bavail) * st.Bsize
 	return u, nil
+}
+
+// SetKeepFree makes Puts fail with ENOSPC where they would leave less
+// than n bytes free on the store's file system: the room another writer
+// there (the server's metadata store) must keep. Concurrent Puts may
+// each pass the check; the other writer's own reserve covers that.
+func (s *FileStore) SetKeepFree(n int64) { s.keepFree.Store(n) }
+
+func (s *FileStore) checkKeepFree(n int64) error {
+	keep := s.keepFree.Load()
+	if keep <= 0 {
+		return nil
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(s.dir, &st); err != nil {
+		return err
+	}
+	// the block's last file system block, partly filled, counts whole
+	if free := int64(st.Bavail) * st.Bsize; free-n-int64(st.Bsize) < keep {
+		return fmt.Errorf("%d bytes free, %d to keep for the metadata store: %w", free, keep, syscall.ENOSPC)
+	}
+	return nil
 }

@@ -24,9 +24,12 @@ type connBlocks struct {
 // without c.mu held (opening a directory is file system work).
 func (c *Client) setBlocks(cn *conn, bs wire.BlockStore) {
 	c.mu.Lock()
-	same := cn.blocks != nil && cn.blocks.announced == bs
+	cur := cn.blocks
 	c.mu.Unlock()
-	if same {
+	if cur != nil && sameStore(cur.announced, bs) {
+		if fs, ok := cur.store.(*blocks.FileStore); ok {
+			fs.SetKeepFree(int64(bs.KeepFree)) // the server's room changes as its store grows
+		}
 		return
 	}
 	nb := c.openBlocks(cn.addr, bs)
@@ -36,6 +39,13 @@ func (c *Client) setBlocks(cn *conn, bs wire.BlockStore) {
 	c.mu.Unlock()
 	old.close()
 	c.log.Info("block store", "server", cn.addr, "path", nb.path)
+}
+
+// sameStore reports whether two announcements name the same store the
+// same way (the room to keep free aside).
+func sameStore(a, b wire.BlockStore) bool {
+	a.KeepFree, b.KeepFree = 0, 0
+	return a == b
 }
 
 // close closes a remote store's idle connections (nil: nothing to close).
@@ -58,6 +68,7 @@ func (c *Client) openBlocks(serverAddr string, bs wire.BlockStore) *connBlocks {
 	if !c.cfg.BlocksRemote {
 		fs, err := blocks.OpenFileStoreIfSame(bs.Dir, bs.StoreID)
 		if err == nil {
+			fs.SetKeepFree(int64(bs.KeepFree))
 			nb.store, nb.path = fs, "local "+bs.Dir
 			return nb
 		}

@@ -142,6 +142,17 @@ func (b *blockServer) guardPuts(st *store.Store, dataDir string) error {
 	return nil
 }
 
+// announce is what a session open says of the block store: with the
+// room mounts must leave free when it shares the data directory's file
+// system (their Puts do not pass the server's guard).
+func (b *blockServer) announce(st *store.Store) wire.BlockStore {
+	w := b.wire
+	if _, guarded := b.put.(guardedStore); guarded {
+		w.KeepFree = uint64(st.KeepFree())
+	}
+	return w
+}
+
 // advertised is addr as session opens announce it: without its host when
 // that is unspecified (0.0.0.0, ::), which no mount can dial.
 func advertised(addr net.Addr) string {

@@ -175,7 +175,7 @@ func (s *Server) sessionReply(sess *session) *wire.Reply {
 	rep := &wire.Reply{Session: &wire.Session{ID: sess.id, Server: s.cfg.ServerID,
 		Tau: int64(s.cfg.ClientLease), Delta: s.cfg.ClockDrift}}
 	if s.blocks != nil {
-		rep.Session.Blocks = s.blocks.wire
+		rep.Session.Blocks = s.blocks.announce(s.store)
 	}
 	return rep
 }

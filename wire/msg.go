@@ -593,6 +593,10 @@ type Session struct {
 // and the mount uses the one it reached the server at). Kind "" is none.
 type BlockStore struct {
 	Kind, Dir, StoreID, Addr string
+	// KeepFree is the free space a mount's Put into Dir must leave on its
+	// file system: the room the server's metadata store needs when both
+	// share one (0: none to keep).
+	KeepFree uint64
 }
 
 // StatFs is file system usage.
@@ -775,6 +779,7 @@ func (r *Reply) Append(b []byte) []byte {
 		e.Str(s.Blocks.Dir)
 		e.Str(s.Blocks.StoreID)
 		e.Str(s.Blocks.Addr)
+		e.U64(s.Blocks.KeepFree)
 	}
 	if s := r.StatFs; s != nil {
 		e.U64(s.Blocks)
@@ -878,6 +883,7 @@ func ParseReply(b []byte) (*Reply, error) {
 		bs.Dir = d.Str(MaxPath)
 		bs.StoreID = d.Str(MaxName)
 		bs.Addr = d.Str(MaxName)
+		bs.KeepFree = d.U64()
 	}
 	if mask&hasStatFs != 0 {
 		r.StatFs = &StatFs{Blocks: d.U64(), Bfree: d.U64(), Bavail: d.U64(), Files: d.U64(), Ffree: d.U64()}

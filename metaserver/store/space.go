@@ -389,6 +389,19 @@ func (s *Store) AdmitOutside(n int64) (release func(), err error) {
 	return func() { g.release(n) }, nil
 }
 
+// KeepFree is the free space writers beside the store on its file system
+// must leave (AdmitOutside's limit): what a mount putting blocks in a
+// directory there is told to keep. 0 without a space guard.
+func (s *Store) KeepFree() int64 {
+	g := s.space
+	if g == nil {
+		return 0
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.limitLocked()
+}
+
 // reserveBytes counts n bytes badger is about to write on its own (a value
 // log collection's rewrite, which gives space back) as pending, if they fit
 // above the floor, and returns their release. If they do not, the floor
