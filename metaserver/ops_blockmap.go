@@ -23,8 +23,10 @@ func errNoBlockStore(ino ids.Ino) *wire.Reply {
 // opCommitBlocks commits blocks the client put in the block store, only
 // while it holds the file's X lock, which the commit pins (a revocation
 // waits for it) but never acquires: the client put the blocks under that
-// lock. Once, as a write: a resend is answered from the current state.
-// Every block must be in the block store, whole, before a map names it.
+// lock; a reclaim after a NACK (wire.WriteIfVersion) takes it instead,
+// and applies only to the version it names. Once, as a write: a resend is
+// answered from the current state. Every block must be in the block
+// store, whole, before a map names it.
 func (s *Server) opCommitBlocks(q *request) *wire.Reply {
 	r := q.r
 	if s.blocks == nil {
@@ -37,6 +39,13 @@ func (s *Server) opCommitBlocks(q *request) *wire.Reply {
 	if err != nil {
 		return wire.ErrorReply(err)
 	}
+	commit := func() *wire.Reply { return s.writeOnce(q, func() *wire.Reply { return s.commitBlocks(q, blks, exts) }) }
+	if r.Flags&wire.WriteIfVersion != 0 {
+		// A reclaim after a NACK: the client's locks are gone, so the
+		// commit takes X as a write does, and applies only to the
+		// version the blocks' data was based on (nobody wrote since).
+		return s.underLocks(q.ctx, q.sess, exclusive(r.Ino), commit)
+	}
 	h, ok := s.lm.pin(q.sess.client, r.Ino, locks.Exclusive)
 	if !ok {
 		return wire.ErrorReply(wire.Errf(wire.CodeAccess, "a block commit of %v needs the file's X lock, which the client does not hold", r.Ino))
@@ -45,20 +54,34 @@ func (s *Server) opCommitBlocks(q *request) *wire.Reply {
 	if s.owner != nil && !s.owner.StillOwned([]ids.Ino{r.Ino}) {
 		return wire.ErrorReply(errUnavailable("inode %v changed owner", r.Ino))
 	}
-	return s.writeOnce(q, func() *wire.Reply {
-		if err := s.checkUploaded(q.ctx, r.Ino, blks); err != nil {
+	return commit()
+}
+
+// commitBlocks applies a block commit, once (writeOnce): its blocks must
+// be in the store, and a reclaim's version must still be the file's.
+func (s *Server) commitBlocks(q *request, blks []blockmap.Block, exts []blockmap.Extent) *wire.Reply {
+	r := q.r
+	if r.Flags&wire.WriteIfVersion != 0 {
+		a, err := q.st.GetAttr(r.Ino)
+		if err != nil {
 			return wire.ErrorReply(err)
 		}
-		a, err := q.st.CommitBlocks(r.Ino, blks, exts, r.Size, q.now)
-		if errors.Is(err, store.ErrNotMapped) {
-			// its data was small enough for pages until now
-			if err := s.convertPaged(q.ctx, r.Ino); err != nil {
-				return wire.ErrorReply(err)
-			}
-			a, err = q.st.CommitBlocks(r.Ino, blks, exts, r.Size, q.now)
+		if a.Version != r.Version {
+			return wire.ErrorReply(errStale(a.Version, r.Version))
 		}
-		return attrReply(a, err)
-	})
+	}
+	if err := s.checkUploaded(q.ctx, r.Ino, blks); err != nil {
+		return wire.ErrorReply(err)
+	}
+	a, err := q.st.CommitBlocks(r.Ino, blks, exts, r.Size, q.now)
+	if errors.Is(err, store.ErrNotMapped) {
+		// its data was small enough for pages until now
+		if err := s.convertPaged(q.ctx, r.Ino); err != nil {
+			return wire.ErrorReply(err)
+		}
+		a, err = q.st.CommitBlocks(r.Ino, blks, exts, r.Size, q.now)
+	}
+	return attrReply(a, err)
 }
 
 // checkUploaded fails unless each of blks is in the block store with its

@@ -330,6 +330,49 @@ func TestCommitResentOnce(t *testing.T) {
 	}
 }
 
+// TestCommitReclaim: a commit carrying WriteIfVersion (a reclaim after a
+// NACK, the client's locks gone) takes the X lock itself and applies only
+// at the version it names.
+func TestCommitReclaim(t *testing.T) {
+	s := startBlockTestServer(t)
+	ctx := testContext(t)
+	a, b := connect(t, s), connect(t, s)
+	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	takeX(ctx, t, a, f.Ino)
+	first := putBlock(t, f.Ino, []byte("first"), s)
+	rep, err := a.Call(ctx, commitReq(f.Ino, first.Size, []blockmap.Block{first}, whole(0, first)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := rep.Attr.Version
+	// b takes the file: a holds no lock now
+	if _, _, err := lookupBlocks(ctx, b, f.Ino, 0, 5); err != nil {
+		t.Fatal(err)
+	}
+	stale := putBlock(t, f.Ino, []byte("stale"), s)
+	req := commitReq(f.Ino, stale.Size, []blockmap.Block{stale}, whole(0, stale))
+	req.Flags, req.Version = wire.WriteIfVersion, base-1
+	if _, err := a.Call(ctx, req); !errors.Is(err, wire.Err(wire.CodeStale)) {
+		t.Fatalf("reclaim at an old version: %v, want stale", err)
+	}
+	again := putBlock(t, f.Ino, []byte("again"), s)
+	req = commitReq(f.Ino, again.Size, []blockmap.Block{again}, whole(0, again))
+	req.Flags, req.Version = wire.WriteIfVersion, base
+	rep, err = a.Call(ctx, req)
+	if err != nil {
+		t.Fatalf("reclaim at the file's version: %v", err)
+	}
+	if !slicesHasGrant(rep, f.Ino, wire.LockExclusive) || rep.Attr.Version == base {
+		t.Fatalf("reclaim granted %+v, version %d (was %d)", rep.Grants, rep.Attr.Version, base)
+	}
+	if m, err := s.store.BlockMap(f.Ino); err != nil || len(m.Extents()) != 1 || m.Extents()[0].Block != again.Unique {
+		t.Fatalf("map after the reclaim: %+v, %v", m, err)
+	}
+}
+
 // TestCommitOverwriteGarbage: a commit over a block's whole range leaves
 // that block garbage, due later; the new block is not.
 func TestCommitOverwriteGarbage(t *testing.T) {

@@ -144,8 +144,7 @@ func (s *Server) write(q *request) *wire.Reply {
 			return wire.ErrorReply(err)
 		}
 		if r.Flags&wire.WriteIfVersion != 0 && a.Version != r.Version {
-			return wire.ErrorReply(wire.Errf(wire.CodeStale,
-				"file changed since the buffered writes were made (version %d, not %d)", a.Version, r.Version))
+			return wire.ErrorReply(errStale(a.Version, r.Version))
 		}
 		if s.blocks != nil && len(r.Data) > 0 && a.Mode&syscall.S_IFMT == syscall.S_IFREG &&
 			writeEnd(a.Size, spans, len(r.Data), appending) > wire.InlineMax {
@@ -207,4 +206,10 @@ func (s *Server) withBlocks(fs store.StatFs) store.StatFs {
 	used := (uint64(u.Bytes) + uint64(lsm+vlog)) / uint64(fs.Bsize)
 	fs.Bfree, fs.Bavail, fs.Blocks = free, free, used+free
 	return fs
+}
+
+// errStale refuses a reclaimed change (wire.WriteIfVersion) of a file
+// whose version moved on from the one its data was based on.
+func errStale(have, want uint64) error {
+	return wire.Errf(wire.CodeStale, "file changed since the buffered writes were made (version %d, not %d)", have, want)
 }
