@@ -59,7 +59,7 @@ func OpenFileStore(dir string) (*FileStore, error) {
 		return nil, err
 	}
 	s := &FileStore{dir: dir, id: id}
-	if err := s.removeStaleTemps(); err != nil {
+	if _, err := s.RemoveStaleTemps(staleTemp); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -120,19 +120,23 @@ func createStoreID(dir string) (string, error) {
 	return id, nil
 }
 
-func (s *FileStore) removeStaleTemps() error {
+// RemoveStaleTemps removes the temp files of Puts that started more than
+// age ago, which a writer that died mid-Put left (a mount killed while it
+// put a block), and returns how many it removed.
+func (s *FileStore) RemoveStaleTemps(age time.Duration) (int, error) {
 	d := filepath.Join(s.dir, tmpDir)
 	ents, err := os.ReadDir(d)
 	if err != nil {
-		return fmt.Errorf("blocks: open %s: %w", s.dir, err)
+		return 0, fmt.Errorf("blocks: open %s: %w", s.dir, err)
 	}
+	n := 0
 	for _, e := range ents {
 		info, err := e.Info()
-		if err == nil && time.Since(info.ModTime()) > staleTemp {
-			os.Remove(filepath.Join(d, e.Name()))
+		if err == nil && time.Since(info.ModTime()) > age && os.Remove(filepath.Join(d, e.Name())) == nil {
+			n++
 		}
 	}
-	return nil
+	return n, nil
 }
 
 // fanout spreads inodes over 256 directories; inode numbers carry their

@@ -257,7 +257,7 @@ type Stats struct {
 	DataLost        int64
 	Prefetches      int64
 	// Blocks is the path to the home server's block store: "local DIR",
-	// "remote URL" or "none" (not yet used for file data).
+	// "remote URL" or "none".
 	Blocks string
 }
 

@@ -229,6 +229,7 @@ func (g *BlockGC) scanStep(ctx context.Context, c *roundCounts) {
 			return
 		}
 		g.nextScan = g.cfg.Clock.Now().Add(g.cfg.OrphanEvery)
+		g.removeStaleTemps(c)
 		inos, err := g.inodesWithBlocks(ctx)
 		if err != nil {
 			g.failed(c, "list", err)
@@ -248,6 +249,26 @@ func (g *BlockGC) scanStep(ctx context.Context, c *roundCounts) {
 	if len(g.scan) == 0 {
 		g.scans.Add(1)
 	}
+}
+
+// tempRemover is a store whose writers may leave parts of blocks behind
+// when they die mid-Put (blocks.FileStore's temp files).
+type tempRemover interface {
+	RemoveStaleTemps(age time.Duration) (int, error)
+}
+
+// removeStaleTemps removes what writers that died mid-Put left, once as
+// old as an orphan, counted with the orphans.
+func (g *BlockGC) removeStaleTemps(c *roundCounts) {
+	tr, ok := g.blks.(tempRemover)
+	if !ok {
+		return
+	}
+	n, err := tr.RemoveStaleTemps(g.cfg.OrphanDelay)
+	if err != nil {
+		g.failed(c, "temp files", err)
+	}
+	c.orphans += uint64(n)
 }
 
 // inodesWithBlocks lists the block store's inodes, in order. Whether

@@ -50,11 +50,13 @@ func (s *Server) opCommitBlocks(q *request) *wire.Reply {
 	if !ok {
 		return wire.ErrorReply(wire.Errf(wire.CodeAccess, "a block commit of %v needs the file's X lock, which the client does not hold", r.Ino))
 	}
-	defer s.lm.done(h)
 	if s.owner != nil && !s.owner.StillOwned([]ids.Ino{r.Ino}) {
+		s.lm.done(h)
 		return wire.ErrorReply(errUnavailable("inode %v changed owner", r.Ino))
 	}
-	return commit()
+	// with the lock's grant, as a write's reply: the attributes it
+	// carries are then the client's to cache
+	return s.runLocked([]held{h}, commit)
 }
 
 // commitBlocks applies a block commit, once (writeOnce): its blocks must
