@@ -35,7 +35,7 @@ func mountBlockPath(t *testing.T, m *mount) string {
 	if x.Blocks != st.Stats.Blocks {
 		t.Errorf("status xattr says %q, status socket %q", x.Blocks, st.Stats.Blocks)
 	}
-	if table := admin(t, "--mount", m.dir, "status"); !regexp.MustCompile(`block store\s+`+regexp.QuoteMeta(st.Stats.Blocks)+`\n`).MatchString(table) {
+	if table := admin(t, "--mount", m.dir, "status"); !regexp.MustCompile(`block store\s+` + regexp.QuoteMeta(st.Stats.Blocks) + `\n`).MatchString(table) {
 		t.Errorf("status table does not show the block store %q:\n%s", st.Stats.Blocks, table)
 	}
 	return st.Stats.Blocks
