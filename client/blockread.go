@@ -93,48 +93,35 @@ func fetchBuffer(n int) ([]byte, func()) {
 
 // readPieces fills buf, the file's bytes from start, with the pieces a
 // lookup returned: holes as zeros, data from the blocks. A lookup answers
-// at most wire.MaxPieces pieces: the rest of buf is looked up again.
+// at most wire.MaxPieces pieces: the rest of buf is looked up again. A
+// block missing from the store or not matching its checksums is EIO,
+// never the wrong bytes, and an error in the log naming the file.
 func (c *Client) readPieces(ctx context.Context, st blocks.Store, ino ids.Ino, start uint64, ps []blockmap.Piece, buf []byte) error {
 	rctx, cancel := c.opContext(ctx, false)
 	defer cancel()
 	end := start + uint64(len(buf))
-	pos := start
-	for pos < end {
-		if len(ps) == 0 {
-			rep, err := c.Call(ctx, &wire.Request{Op: wire.OpLookupBlocks, Ino: ino, Off: pos, Size: end - pos})
-			if err != nil {
-				return err
-			}
-			if ps, err = wire.ParsePieces(rep.Data); err != nil || rep.Flags&wire.InlineData != 0 || len(ps) == 0 {
-				// the file shrank or changed kind under a lock we no
-				// longer hold: the caller's read is answered short
-				return wire.Errf(wire.CodeAgain, "block map of %v changed during a read", ino)
-			}
+	for pos := start; ; {
+		next, bad, err := blockmap.ReadPieces(pos, ps, buf[pos-start:], blockmap.ReadVerified(rctx, st))
+		if err != nil {
+			return c.blockReadErr(rctx, ino, bad, err)
 		}
-		p := ps[0]
-		ps = ps[1:]
-		if p.Off != pos || p.Off+p.Len > end {
-			return wire.Errf(wire.CodeBadMessage, "block map of %v: piece [%d, +%d) for a read at %d", ino, p.Off, p.Len, pos)
+		if pos = next; pos == end {
+			return nil
 		}
-		dst := buf[p.Off-start : p.Off-start+p.Len]
-		if p.Hole {
-			clear(dst)
-		} else if err := c.readBlock(rctx, st, ino, p, dst); err != nil {
+		rep, err := c.Call(ctx, &wire.Request{Op: wire.OpLookupBlocks, Ino: ino, Off: pos, Size: end - pos})
+		if err != nil {
 			return err
 		}
-		pos += p.Len
+		if ps, err = wire.ParsePieces(rep.Data); err != nil || rep.Flags&wire.InlineData != 0 || len(ps) == 0 {
+			// the file shrank or changed kind under a lock we no
+			// longer hold
+			return wire.Errf(wire.CodeAgain, "block map of %v changed during a read", ino)
+		}
 	}
-	return nil
 }
 
-// readBlock reads piece p into dst. A block missing from the store or not
-// matching its checksums is EIO, never the wrong bytes, and an error in
-// the log naming the file.
-func (c *Client) readBlock(ctx context.Context, st blocks.Store, ino ids.Ino, p blockmap.Piece, dst []byte) error {
-	n, err := blocks.ReadVerified(ctx, st, p.Block, int64(p.Size), p.Sums, dst, int64(p.BlockOff))
-	if err == nil || errors.Is(err, io.EOF) && n == len(dst) {
-		return nil
-	}
+// blockReadErr is the error of a read that could not use piece p.
+func (c *Client) blockReadErr(ctx context.Context, ino ids.Ino, p *blockmap.Piece, err error) error {
 	if ctx.Err() != nil {
 		return c.softErr(ctx, ctx.Err())
 	}

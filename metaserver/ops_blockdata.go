@@ -10,6 +10,7 @@ package metaserver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"syscall"
 
 	"github.com/leasefs/leasefs/blocks"
@@ -118,25 +119,18 @@ func (s *Server) readBlocks(ctx context.Context, ino ids.Ino, off uint64, n int)
 		return []byte{}, a, err
 	}
 	out := transport.Buffer(int(min(uint64(n), a.Size-off)))
-	at := off
-	for _, p := range ps {
-		if p.Off != at || p.Off+p.Len > off+uint64(len(out)) {
-			return nil, store.Attr{}, wire.Errf(wire.CodeIO, "block map of %v: piece at %d, want %d", ino, p.Off, at)
-		}
-		dst := out[p.Off-off : p.Off-off+p.Len]
-		at += p.Len
-		if p.Hole {
-			clear(dst)
-			continue
-		}
-		if _, err := blocks.ReadVerified(ctx, s.blocks.store, p.Block, int64(p.Size), p.Sums, dst, int64(p.BlockOff)); err != nil {
-			transport.Recycle(out)
-			s.log.Error("block of a file unreadable", "ino", ino, "block", p.Block, "err", err)
-			return nil, store.Attr{}, wire.Errf(wire.CodeIO, "block %s of %v: %v", p.Block, ino, err)
-		}
+	end, bad, err := blockmap.ReadPieces(off, ps, out, blockmap.ReadVerified(ctx, s.blocks.store))
+	if err == nil && end != off+uint64(len(out)) {
+		err = fmt.Errorf("%w: pieces end at %d, want %d", blockmap.ErrCorrupt, end, off+uint64(len(out)))
 	}
-	if at != off+uint64(len(out)) {
-		return nil, store.Attr{}, wire.Errf(wire.CodeIO, "block map of %v: pieces end at %d, want %d", ino, at, off+uint64(len(out)))
+	if err != nil {
+		transport.Recycle(out)
+		var block blocks.ID
+		if bad != nil {
+			block = bad.Block
+		}
+		s.log.Error("block of a file unreadable", "ino", ino, "block", block, "err", err)
+		return nil, store.Attr{}, wire.Errf(wire.CodeIO, "block %s of %v: %v", block, ino, err)
 	}
 	return out, a, nil
 }

@@ -1,7 +1,10 @@
 package blockmap
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
 
 	"github.com/leasefs/leasefs/blocks"
 )
@@ -85,4 +88,42 @@ func (m *Map) SeekHole(off, size uint64) (uint64, error) {
 		cur = m.ext[i].End()
 	}
 	return min(cur, size), nil
+}
+
+// ReadPieces fills buf, the file's bytes from start, with pieces from a
+// Lookup that starts there, in order: holes as zeros, data by read (which
+// the caller gives: blocks.ReadVerified from its store). A lookup may
+// answer fewer pieces than cover buf: ReadPieces returns where the pieces
+// it used end. A piece that does not follow the one before, or runs past
+// buf, is ErrCorrupt; read's error is returned with its piece, for the
+// caller to name.
+func ReadPieces(start uint64, ps []Piece, buf []byte, read func(p *Piece, dst []byte) error) (end uint64, bad *Piece, err error) {
+	end = start
+	limit := start + uint64(len(buf))
+	for i := range ps {
+		p := &ps[i]
+		if p.Off != end || p.Len > limit-end {
+			return end, p, fmt.Errorf("%w: piece [%d, +%d) for bytes from %d to %d", ErrCorrupt, p.Off, p.Len, end, limit)
+		}
+		dst := buf[p.Off-start : p.Off-start+p.Len]
+		if p.Hole {
+			clear(dst)
+		} else if err := read(p, dst); err != nil {
+			return end, p, err
+		}
+		end += p.Len
+	}
+	return end, nil, nil
+}
+
+// ReadVerified reads piece p's bytes from st into dst, verified against
+// its block's sums: ReadPieces' read for a store.
+func ReadVerified(ctx context.Context, st blocks.Store) func(p *Piece, dst []byte) error {
+	return func(p *Piece, dst []byte) error {
+		n, err := blocks.ReadVerified(ctx, st, p.Block, int64(p.Size), p.Sums, dst, int64(p.BlockOff))
+		if errors.Is(err, io.EOF) && n == len(dst) {
+			return nil
+		}
+		return err
+	}
 }
