@@ -427,13 +427,23 @@ func tmpfsDir(t testing.TB, name string) string {
 
 // startPerfLeasefs starts a server whose data directory is on tmpfs and
 // mounts it; both log at info level (debug logging costs time).
-func startPerfLeasefs(t testing.TB) (*server, *mount) {
+func startPerfLeasefs(t testing.TB, mountArgs ...string) (*server, *mount) {
 	t.Helper()
 	requireFUSE(t)
 	s := &server{dir: tmpfsDir(t, "data"), addr: testnet.UDPAddr(t), extra: []string{"--log-level", "info"}}
 	s.tokenFile = filepath.Join(s.dir, "token")
 	s.start(t)
-	return s, startMount(t, s, "--log-level", "info")
+	return s, startMount(t, s, append(mountArgs, "--log-level", "info")...)
+}
+
+// perfMountArgs are the perf suite's extra mount flags:
+// LEASEFS_PERF_REMOTE=1 makes its mounts reach the block store through
+// the server's HTTPS endpoint, as mounts on other hosts do.
+func perfMountArgs() []string {
+	if os.Getenv("LEASEFS_PERF_REMOTE") == "1" {
+		return []string{"--blocks-remote"}
+	}
+	return nil
 }
 
 // mountLoopback mounts go-fuse's loopback over a tmpfs directory, served by
@@ -644,8 +654,8 @@ func runPerfPasses(b *testing.B, e *perfEnv, sides []perfSide, report func(b *te
 // medians and their ratio.
 func BenchmarkPerf(b *testing.B) {
 	sz := perfSizesFromEnv()
-	s, m := startPerfLeasefs(b)
-	reader := startMount(b, s, "--log-level", "info")
+	s, m := startPerfLeasefs(b, perfMountArgs()...)
+	reader := startMount(b, s, append(perfMountArgs(), "--log-level", "info")...)
 	loop := mountLoopback(b)
 	e := newPerfEnv(b, sz, tmpfsDir(b, "scratch"), false)
 	atRest := rssLine("at rest", s, m)
