@@ -1,11 +1,13 @@
-// Package pagemem hands out fixed-size pages carved from large slabs that
-// the kernel may back with transparent huge pages (MADV_HUGEPAGE).
+// Package pagemem hands out fixed-size pages carved from large slabs.
 //
 // Why: a mount caches file data page by page, and fresh memory costs a
-// page fault per 4 KiB on first touch (with huge pages, one per 2 MiB);
-// on a virtual machine a fault can cost more than copying the page. Pages
-// go back to a free list, never to the system: the caller bounds how many
-// are in use (the cache's data budget), and that bounds the slabs.
+// page fault per 4 KiB on first touch; on a virtual machine a fault can
+// cost more than copying the page. Pages go back to a free list, never to
+// the system (which the Go heap does, to fault them in again later): the
+// caller bounds how many are in use (the cache's data budget), and that
+// bounds the slabs. The slabs are not advised MADV_HUGEPAGE: with the
+// kernel's default defrag setting a huge page fault compacts memory
+// first, which made filling the cache five to eight times slower here.
 //
 // A Pool is not safe for concurrent use; the cache uses it under its lock.
 package pagemem
@@ -60,10 +62,6 @@ func (p *Pool) grow() {
 	if err != nil {
 		// no address space or a limit: ordinary memory, as without the pool
 		slab = make([]byte, SlabSize)
-	} else {
-		// advice only: without transparent huge pages the slab works
-		// as ordinary pages
-		_ = unix.Madvise(slab, unix.MADV_HUGEPAGE)
 	}
 	p.slabs++
 	for off := SlabSize - p.size; off >= 0; off -= p.size {
