@@ -186,6 +186,17 @@ func (c *Cache) writeCacheSpan() uint64 { return uint64(c.dataMax / 2) }
 // are patched where cached. size is the file's size before the write.
 // Reads in flight cache nothing: they fetched the file without the write.
 func (c *Cache) WriteData(ino ids.Ino, off uint64, data []byte, size uint64) {
+	c.writeData(ino, off, data, size, true)
+}
+
+// PatchData is WriteData that caches no new page: it only keeps the pages
+// already cached right. For a client that reads its writes back as cheaply
+// from where it stores them as from the cache.
+func (c *Cache) PatchData(ino ids.Ino, off uint64, data []byte, size uint64) {
+	c.writeData(ino, off, data, size, false)
+}
+
+func (c *Cache) writeData(ino ids.Ino, off uint64, data []byte, size uint64, fill bool) {
 	e := c.inodes[ino]
 	if e == nil {
 		return
@@ -212,7 +223,7 @@ func (c *Cache) WriteData(ino ids.Ino, off uint64, data []byte, size uint64) {
 			c.growPage(p, newSize)
 			copy(p.data[lo-start:], data[lo-off:hi-off])
 			c.lru.MoveToFront(el)
-		} else if end <= c.writeCacheSpan() && lo == start && hi == min(start+PageSize, newSize) {
+		} else if fill && end <= c.writeCacheSpan() && lo == start && hi == min(start+PageSize, newSize) {
 			if e.pages == nil {
 				e.pages = map[uint64]*list.Element{}
 			}

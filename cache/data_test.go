@@ -244,3 +244,20 @@ func TestPagesReused(t *testing.T) {
 		t.Fatalf("%d pages free after DropAll, of %d", free, c.pool.Slabs()*pagemem.SlabSize/PageSize)
 	}
 }
+
+// TestPatchData: a patch changes the pages cached and caches no other.
+func TestPatchData(t *testing.T) {
+	c := New(100)
+	c.SetDataBudget(1 << 20)
+	c.Granted(wire.Grant{Ino: 5, Mode: wire.LockExclusive, Seq: 1})
+	c.PutData(5, 0, filled('a'), false, 1, c.DataGen())
+	c.PatchData(5, 10, []byte("xy"), PageSize)
+	c.PatchData(5, PageSize, filled('b'), PageSize)
+	buf := make([]byte, 2)
+	if n, ok := c.ReadData(5, 10, buf); !ok || n != 2 || string(buf) != "xy" {
+		t.Fatalf("patched page reads %q (%v)", buf[:n], ok)
+	}
+	if _, ok := c.ReadData(5, PageSize, buf); ok {
+		t.Fatal("a page only written, never cached, reads from the cache")
+	}
+}

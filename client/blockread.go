@@ -70,10 +70,27 @@ func (c *Client) fetch(ctx context.Context, ino ids.Ino, start, end, gen uint64)
 		f.recycle()
 		return fetched{}, err
 	}
-	c.withCache(func(ch *cache.Cache) {
-		ch.PutData(ino, start, f.data, uint64(len(f.data)) < end-start, f.info.version, gen)
-	})
+	if !c.streams(st, end-start) {
+		c.withCache(func(ch *cache.Cache) {
+			ch.PutData(ino, start, f.data, uint64(len(f.data)) < end-start, f.info.version, gen)
+		})
+	}
 	return f, nil
+}
+
+// streamBytes is the size from which a read or write of a block-mapped
+// file, with the block directory on this host, bypasses the data cache.
+const streamBytes = 128 << 10
+
+// streams reports whether n bytes of file data read from or written to st
+// bypass the data cache: st is the block directory itself, from which the
+// bytes come back as cheaply as from the cache (a copy from the kernel's
+// page cache), and n is no small random access (whose lookup the cache
+// saves). Filling the cache cost more than the rest of a sequential read
+// or write together: a fault per fresh page, and a copy.
+func (c *Client) streams(st blocks.Store, n uint64) bool {
+	_, local := st.(*blocks.FileStore)
+	return local && n >= streamBytes
 }
 
 // inline reports whether rep carries the file's bytes rather than pieces.

@@ -90,6 +90,10 @@ func (r *readAhead) readDone(ino ids.Ino, off uint64, n int) {
 		}
 		return mode != wire.LockNone && known && r.c.cfg.CacheBytes > 0
 	})
+	if st := r.c.blockStore(); st != nil && r.c.streams(st, streamBytes) {
+		// what a prefetch fetches would not be cached (Client.streams)
+		ok = false
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.files[ino]

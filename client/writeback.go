@@ -389,6 +389,8 @@ func (w *writeBack) retire(ino ids.Ino, f *dirtyFile) {
 // the mode it leaves (Write); it returns the bytes its file then buffers
 // and whether it changed the mode.
 func (w *writeBack) buffer(ctx context.Context, ino ids.Ino, off uint64, data []byte, killSuidgid bool) (ok bool, fileBytes int, killed bool, err error) {
+	st := w.c.blockStore() // (not under c.mu, which bufferChange holds)
+	stream := st != nil && w.c.streams(st, uint64(len(data)))
 	attr, fileBytes, err := w.bufferChange(ctx, ino, wire.SetSize|wire.SetMtime|wire.SetCtime, func(f *dirtyFile, attr *wire.Attr) {
 		if killSuidgid && killPrivs(f, attr) {
 			killed = true
@@ -404,7 +406,11 @@ func (w *writeBack) buffer(ctx context.Context, ino ids.Ino, off uint64, data []
 		before := f.bytes
 		f.add(off, data)
 		w.total.Add(int64(f.bytes - before))
-		w.c.cache.WriteData(ino, off, data, attr.Size)
+		if stream {
+			w.c.cache.PatchData(ino, off, data, attr.Size)
+		} else {
+			w.c.cache.WriteData(ino, off, data, attr.Size)
+		}
 		attr.Size = max(attr.Size, off+uint64(len(data)))
 		attr.Mtime = time.Now().UnixNano()
 		attr.Ctime = attr.Mtime
