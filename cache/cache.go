@@ -47,6 +47,9 @@ type entry struct {
 	// must not be served.
 	dataVersion, seenVersion uint64
 	changing                 int // changes of the data in flight (BeginChange)
+	// blockMap is what a lookup said of the file's blocks (PutMap), kept
+	// and dropped with the pages.
+	blockMap any
 	// opens counts handles opened without the server (OpenLocally);
 	// removing counts removals of the file this client has in flight,
 	// during which it opens nothing locally.

@@ -203,6 +203,7 @@ func (c *Cache) writeData(ino ids.Ino, off uint64, data []byte, size uint64, fil
 	}
 	c.dataGen++
 	e.dataDropped = c.dataGen
+	e.blockMap = nil // the write's commit changes it
 	if e.mode != wire.LockExclusive || e.changing > 0 || c.dataMax <= 0 {
 		c.clearPages(e)
 		return
@@ -299,6 +300,33 @@ func (c *Cache) clearPages(e *entry) {
 		c.removePage(el)
 	}
 	e.pages = nil
+	e.blockMap = nil
+}
+
+// PutMap keeps m, what a lookup of file version `version` answered of
+// ino's block map (fetched after DataGen returned gen), until the file's
+// data is dropped or changed by this client: a read it covers then needs
+// no lookup. Ignored where PutData would ignore data.
+func (c *Cache) PutMap(ino ids.Ino, m any, version, gen uint64) {
+	e := c.inodes[ino]
+	if e == nil || !c.mayCache(e, ino) || e.changing > 0 || e.dataDropped > gen || version < e.seenVersion {
+		return
+	}
+	if version > e.seenVersion {
+		e.seenVersion = version
+		c.clearPages(e)
+		e.dataVersion = version
+	}
+	e.blockMap = m
+}
+
+// Map returns what PutMap kept of ino's block map, while a lock covers it.
+func (c *Cache) Map(ino ids.Ino) (any, bool) {
+	e := c.inodes[ino]
+	if e == nil || e.mode == wire.LockNone || e.blockMap == nil {
+		return nil, false
+	}
+	return e.blockMap, true
 }
 
 // shrinkData evicts least recently used pages down to the budget.

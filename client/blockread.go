@@ -32,12 +32,17 @@ type fetched struct {
 // Without one, the server reads the data itself (OpRead).
 func (c *Client) fetch(ctx context.Context, ino ids.Ino, start, end, gen uint64) (fetched, error) {
 	st := c.blockStore()
-	op := wire.OpLookupBlocks
+	if st != nil {
+		if w, ok := c.cachedMap(ino, start, end); ok {
+			return c.fetchBlocks(ctx, st, ino, start, end, gen, w, fetched{info: readInfo{cached: true, version: w.version}})
+		}
+	}
+	op, ask := wire.OpLookupBlocks, max(end-start, mapWindowBytes)
 	if st == nil {
-		op = wire.OpRead
+		op, ask = wire.OpRead, end-start
 	}
 	var f fetched
-	rep, err := c.call(ctx, &wire.Request{Op: op, Ino: ino, Off: start, Size: end - start},
+	rep, err := c.call(ctx, &wire.Request{Op: op, Ino: ino, Off: start, Size: ask},
 		func(ch *cache.Cache, rep *wire.Reply) {
 			// (only a reply in the current session gets here)
 			for _, g := range rep.Grants {
@@ -48,7 +53,7 @@ func (c *Client) fetch(ctx context.Context, ino ids.Ino, start, end, gen uint64)
 			if rep.Code != wire.CodeOK || rep.Attr == nil || !inline(op, rep) {
 				return
 			}
-			ch.PutData(ino, start, rep.Data, uint64(len(rep.Data)) < end-start, rep.Attr.Version, gen)
+			ch.PutData(ino, start, rep.Data, uint64(len(rep.Data)) < ask, rep.Attr.Version, gen)
 		})
 	if err != nil {
 		return fetched{}, err
@@ -65,32 +70,59 @@ func (c *Client) fetch(ctx context.Context, ino ids.Ino, start, end, gen uint64)
 	if err != nil || rep.Attr == nil {
 		return fetched{}, wire.Errf(wire.CodeBadMessage, "block map of %v: %v", ino, err)
 	}
-	f.data, f.recycle = fetchBuffer(int(min(end, max(rep.Attr.Size, start)) - start))
-	if err := c.readPieces(ctx, st, ino, start, ps, f.data); err != nil {
+	w := &mapWindow{start: start, end: start, size: rep.Attr.Size, version: rep.Attr.Version, ps: ps}
+	if len(ps) > 0 {
+		w.end = ps[len(ps)-1].Off + ps[len(ps)-1].Len
+	}
+	c.withCache(func(ch *cache.Cache) { ch.PutMap(ino, w, w.version, gen) })
+	return c.fetchBlocks(ctx, st, ino, start, end, gen, w, f)
+}
+
+// mapWindowBytes is how much of a file's block map a lookup asks for at
+// least: reads within it, while the lock lasts, need no lookup.
+const mapWindowBytes = 64 << 20
+
+// mapWindow is what a lookup answered of a file's block map from start:
+// pieces to end (the file's size then, unless the reply was cut short).
+type mapWindow struct {
+	start, end, size, version uint64
+	ps                        []blockmap.Piece
+}
+
+// covers reports whether w says where every byte of [start, end) that
+// the file has is.
+func (w *mapWindow) covers(start, end uint64) bool {
+	return start >= w.start && min(end, w.size) <= w.end
+}
+
+// cachedMap returns the block map window cached for ino if it covers
+// [start, end), under a lock this client holds.
+func (c *Client) cachedMap(ino ids.Ino, start, end uint64) (*mapWindow, bool) {
+	var w *mapWindow
+	ok := c.cached(func(ch *cache.Cache) bool {
+		v, ok := ch.Map(ino)
+		w, _ = v.(*mapWindow)
+		return ok && w != nil && w.covers(start, end)
+	})
+	return w, ok
+}
+
+// fetchBlocks reads [start, end) of ino (fewer bytes at the end of the
+// file) from its blocks, where w says they are, into f, and caches the
+// bytes unless they stream (Client.streams).
+func (c *Client) fetchBlocks(ctx context.Context, st blocks.Store, ino ids.Ino, start, end, gen uint64, w *mapWindow, f fetched) (fetched, error) {
+	n := min(end, max(w.size, start)) - start
+	f.data, f.recycle = fetchBuffer(int(n))
+	if err := c.readPieces(ctx, st, ino, start, blockmap.Slice(w.ps, start, start+n), f.data); err != nil {
 		f.recycle()
 		return fetched{}, err
 	}
 	if !c.streams(st, end-start) {
 		c.withCache(func(ch *cache.Cache) {
-			ch.PutData(ino, start, f.data, uint64(len(f.data)) < end-start, f.info.version, gen)
+			ch.PutData(ino, start, f.data, n < end-start, w.version, gen)
 		})
 	}
 	return f, nil
-}
-
-// streamBytes is the size from which a read or write of a block-mapped
-// file, with the block directory on this host, bypasses the data cache.
-const streamBytes = 128 << 10
-
-// streams reports whether n bytes of file data read from or written to st
-// bypass the data cache: st is the block directory itself, from which the
-// bytes come back as cheaply as from the cache (a copy from the kernel's
-// page cache), and n is no small random access (whose lookup the cache
-// saves). Filling the cache cost more than the rest of a sequential read
-// or write together: a fault per fresh page, and a copy.
-func (c *Client) streams(st blocks.Store, n uint64) bool {
-	_, local := st.(*blocks.FileStore)
-	return local && n >= streamBytes
 }
 
 // inline reports whether rep carries the file's bytes rather than pieces.
@@ -156,4 +188,19 @@ func (c *Client) blockReadErr(ctx context.Context, ino ids.Ino, p *blockmap.Piec
 func (c *Client) blockStore() blocks.Store {
 	st, _ := c.Blocks()
 	return st
+}
+
+// streamBytes is the size from which a read or write of a block-mapped
+// file, with the block directory on this host, bypasses the data cache.
+const streamBytes = 128 << 10
+
+// streams reports whether n bytes of file data read from or written to st
+// bypass the data cache: st is the block directory itself, from which the
+// bytes come back as cheaply as from the cache (a copy from the kernel's
+// page cache), and n is no small random access (whose lookup the cache
+// saves). Filling the cache cost more than the rest of a sequential read
+// or write together: a fault per fresh page, and a copy.
+func (c *Client) streams(st blocks.Store, n uint64) bool {
+	_, local := st.(*blocks.FileStore)
+	return local && n >= streamBytes
 }

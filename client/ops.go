@@ -542,7 +542,7 @@ func (c *Client) read(ctx context.Context, ino ids.Ino, off uint64, buf []byte,
 	}
 	n = copy(buf, f.data[min(off-start, uint64(len(f.data))):])
 	f.recycle() // the cache and buf have their copies
-	info.grant, info.version = f.info.grant, f.info.version
+	info.grant, info.version, info.cached = f.info.grant, f.info.version, f.info.cached
 	c.ra.readDone(ino, off, n)
 	return n, info, nil
 }

@@ -1,10 +1,12 @@
 package blockmap
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/leasefs/leasefs/blocks"
 )
@@ -126,4 +128,22 @@ func ReadVerified(ctx context.Context, st blocks.Store) func(p *Piece, dst []byt
 		}
 		return err
 	}
+}
+
+// Slice returns the parts of ps, pieces in file order with no gaps (a
+// Lookup's), that cover [off, end), trimmed to it: a read within a range
+// looked up before needs no lookup of its own.
+func Slice(ps []Piece, off, end uint64) []Piece {
+	i, _ := slices.BinarySearchFunc(ps, off, func(p Piece, off uint64) int { return cmp.Compare(p.Off+p.Len, off+1) })
+	var out []Piece
+	for ; i < len(ps) && ps[i].Off < end; i++ {
+		p := ps[i]
+		lo, hi := max(p.Off, off), min(p.Off+p.Len, end)
+		if !p.Hole {
+			p.BlockOff += lo - p.Off
+		}
+		p.Off, p.Len = lo, hi-lo
+		out = append(out, p)
+	}
+	return out
 }

@@ -71,3 +71,36 @@ func TestReadPieces(t *testing.T) {
 		t.Fatalf("corrupt block: %v, piece %+v", err, bad)
 	}
 }
+
+// TestSlice: a slice of a lookup's pieces equals the lookup of the
+// slice's range, at every boundary.
+func TestSlice(t *testing.T) {
+	m := New(7)
+	for _, w := range []struct{ off, n uint64 }{{0, 100}, {300, 50}, {320, 100}, {1000, 10}} {
+		u := blocks.NewID(7).Unique
+		blk := Block{Unique: u, Size: w.n + 7, Sums: blocks.Sum(make([]byte, w.n+7))}
+		if _, err := m.Apply([]Block{blk}, []Extent{{Off: w.off, Len: w.n, Block: u, BlockOff: 7}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, err := m.Lookup(0, 1200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := uint64(0); off < 1200; off += 13 {
+		for _, n := range []uint64{1, 50, 333, 1200 - off} {
+			end := min(off+n, 1200)
+			want, _ := m.Lookup(off, end-off)
+			got := Slice(all, off, end)
+			if len(got) != len(want) {
+				t.Fatalf("[%d, %d): %d pieces, want %d", off, end, len(got), len(want))
+			}
+			for i := range got {
+				g, w := got[i], want[i]
+				if g.Off != w.Off || g.Len != w.Len || g.Hole != w.Hole || g.Block != w.Block || g.BlockOff != w.BlockOff {
+					t.Fatalf("[%d, %d) piece %d: %+v, want %+v", off, end, i, g, w)
+				}
+			}
+		}
+	}
+}
