@@ -28,13 +28,19 @@ func twoMounts(t *testing.T) (a, b *mount) {
 // mounts of a 3-server cluster that start at different servers (so that
 // their requests meet through redirects and hand-overs).
 func onServerAndCluster(t *testing.T, fn func(t *testing.T, a, b *mount)) {
+	onServerAndClusterWith(t, nil, fn)
+}
+
+// onServerAndClusterWith is onServerAndCluster with mounts given extra
+// flags.
+func onServerAndClusterWith(t *testing.T, mountArgs []string, fn func(t *testing.T, a, b *mount)) {
 	t.Run("server", func(t *testing.T) {
-		a, b := twoMounts(t)
-		fn(t, a, b)
+		s := startServer(t)
+		fn(t, startMount(t, s, mountArgs...), startMount(t, s, mountArgs...))
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c := startCluster(t, 3, clusterTimings()...)
-		fn(t, c.mount(t, []int{0, 1, 2}), c.mount(t, []int{1, 2, 0}))
+		fn(t, c.mount(t, []int{0, 1, 2}, mountArgs...), c.mount(t, []int{1, 2, 0}, mountArgs...))
 	})
 }
 
@@ -353,8 +359,13 @@ func patterned(n, mul int) []byte {
 
 // TestReadAheadCoherent: a mount reading a file sequentially fetches
 // ahead of itself; a write by another mount to a part fetched ahead, and
-// one by the reader itself, are seen by the reads that follow.
-func TestReadAheadCoherent(t *testing.T) { onServerAndCluster(t, testReadAheadCoherent) }
+// one by the reader itself, are seen by the reads that follow. The mounts
+// reach the block store through the server's endpoint: only there does a
+// sequential reader fetch ahead into its cache (one that sees the block
+// directory reads large ranges from it as they are asked for).
+func TestReadAheadCoherent(t *testing.T) {
+	onServerAndClusterWith(t, []string{"--blocks-remote"}, testReadAheadCoherent)
+}
 
 func testReadAheadCoherent(t *testing.T, a, b *mount) {
 	const size = 12 << 20

@@ -116,7 +116,8 @@ func fullDisk(t *testing.T, mountSmall func(*testing.T, string)) {
 	must(t, os.Remove(filepath.Join(m.dir, "big")))
 	must(t, os.Remove(filepath.Join(m.dir, "synced")))
 	again := randomBytes(16 << 20)
-	waitFor(t, 30*time.Second, "writes to work again after the removals", func() bool {
+	// (blocks come back once no reader can still fetch them: τ(1+δ)+10 s)
+	waitFor(t, 60*time.Second, "writes to work again after the removals", func() bool {
 		return writeSyncErr(filepath.Join(m.dir, "again"), again) == nil
 	})
 	wantSame(t, filepath.Join(m.dir, "again"), again)
@@ -153,7 +154,7 @@ func fullDisk(t *testing.T, mountSmall func(*testing.T, string)) {
 	wantSame(t, filepath.Join(m.dir, "early"), early)
 	wantSame(t, filepath.Join(m.dir, "again"), again)
 	must(t, os.Remove(filepath.Join(small, "filler")))
-	waitFor(t, 30*time.Second, "writes to work after the filler's removal", func() bool {
+	waitFor(t, 60*time.Second, "writes to work after the filler's removal", func() bool {
 		return writeSyncErr(filepath.Join(m.dir, "late"), early) == nil
 	})
 }
