@@ -436,6 +436,18 @@ func startPerfLeasefs(t testing.TB, mountArgs ...string) (*server, *mount) {
 	return s, startMount(t, s, append(mountArgs, "--log-level", "info")...)
 }
 
+// perfSettle is m's sync, which ends each timed step; a build from
+// before the mount's status socket (LEASEFS_BINARY) is timed without it.
+func perfSettle(m *mount) func() error {
+	return func() error {
+		err := m.sync()
+		if err != nil && os.Getenv("LEASEFS_BINARY") != "" && strings.Contains(err.Error(), "no status socket") {
+			return nil
+		}
+		return err
+	}
+}
+
 // perfMountArgs are the perf suite's extra mount flags:
 // LEASEFS_PERF_REMOTE=1 makes its mounts reach the block store through
 // the server's HTTPS endpoint, as mounts on other hosts do.
@@ -660,7 +672,7 @@ func BenchmarkPerf(b *testing.B) {
 	e := newPerfEnv(b, sz, tmpfsDir(b, "scratch"), false)
 	atRest := rssLine("at rest", s, m)
 
-	rows := runPerfPasses(b, e, []perfSide{{name: "leasefs", root: m.dir, cold: reader.dir, settle: m.sync}, {name: "loopback", root: loop}}, func(b *testing.B, med []time.Duration) {
+	rows := runPerfPasses(b, e, []perfSide{{name: "leasefs", root: m.dir, cold: reader.dir, settle: perfSettle(m)}, {name: "loopback", root: loop}}, func(b *testing.B, med []time.Duration) {
 		l, p := med[0], med[1]
 		b.ReportMetric(float64(l.Nanoseconds()), "ns/op")
 		b.ReportMetric(l.Seconds(), "leasefs-s")
