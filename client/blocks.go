@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"sync"
+	"time"
 
 	"github.com/leasefs/leasefs/blocks"
+	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -98,6 +101,21 @@ func blocksAddr(serverAddr, announced string) string {
 // id; the server grants it only while this client holds the file's lock
 // in the mode op needs (S or X to read, X to write).
 func (c *Client) blockCapability(ctx context.Context, op blocks.Op, id blocks.ID) (string, error) {
+	if cp, ok := c.caps.get(op, id, c.clk.Now()); ok {
+		return cp, nil
+	}
+	sent := c.clk.Now()
+	cp, err := c.askCapability(ctx, op, id)
+	if err == nil {
+		// the server signed it valid for τ from when it answered: half
+		// of that from before we asked is well inside it
+		c.caps.put(op, id, cp, sent, sent.Add(time.Duration(c.Session().Tau)/2))
+	}
+	return cp, err
+}
+
+// askCapability asks the owner of id's inode for a capability for op.
+func (c *Client) askCapability(ctx context.Context, op blocks.Op, id blocks.ID) (string, error) {
 	req := &wire.Request{Op: wire.OpBlockAccess, Ino: id.Ino, Data: wire.AppendUniques(nil, [][16]byte{id.Unique})}
 	if op == blocks.OpWrite {
 		req.Flags = wire.BlockWrite
@@ -123,4 +141,54 @@ func (c *Client) Blocks() (blocks.Store, string) {
 		return nil, "none"
 	}
 	return home.blocks.store, home.blocks.path
+}
+
+// capCache keeps the capabilities the owners signed, each until half its
+// validity is gone: a sequential reader asks for the same block's
+// capability once, not for every range it fetches of it.
+type capCache struct {
+	mu sync.Mutex
+	m  map[capKey]capEntry
+}
+
+type capKey struct {
+	op blocks.Op
+	id blocks.ID
+}
+
+type capEntry struct {
+	cap   string
+	until clock.Time
+}
+
+// capCacheMax bounds the capabilities kept: past it, the expired go.
+const capCacheMax = 4096
+
+func (cc *capCache) get(op blocks.Op, id blocks.ID, now clock.Time) (string, bool) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	e, ok := cc.m[capKey{op, id}]
+	if !ok || !now.Before(e.until) {
+		return "", false
+	}
+	return e.cap, true
+}
+
+func (cc *capCache) put(op blocks.Op, id blocks.ID, cp string, now, until clock.Time) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.m == nil {
+		cc.m = map[capKey]capEntry{}
+	}
+	if len(cc.m) >= capCacheMax {
+		for k, e := range cc.m {
+			if !now.Before(e.until) {
+				delete(cc.m, k)
+			}
+		}
+		if len(cc.m) >= capCacheMax {
+			clear(cc.m)
+		}
+	}
+	cc.m[capKey{op, id}] = capEntry{cp, until}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/blocks"
+	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/metaserver"
 	"github.com/leasefs/leasefs/transport"
@@ -180,4 +181,27 @@ func TestBlocksShortLease(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestCapCache: a capability is served until its time, then asked again;
+// the cache stays bounded.
+func TestCapCache(t *testing.T) {
+	var cc capCache
+	id := blocks.NewID(3)
+	cc.put(blocks.OpRead, id, "cap", 0, 100)
+	if got, ok := cc.get(blocks.OpRead, id, 99); !ok || got != "cap" {
+		t.Fatalf("before its time: %q %v", got, ok)
+	}
+	if _, ok := cc.get(blocks.OpWrite, id, 50); ok {
+		t.Fatal("a read capability served for a write")
+	}
+	if _, ok := cc.get(blocks.OpRead, id, 100); ok {
+		t.Fatal("served at its time")
+	}
+	for i := range capCacheMax + 10 {
+		cc.put(blocks.OpRead, blocks.NewID(ids.Ino(i)), "c", clock.Time(i), clock.Time(i+5))
+	}
+	if len(cc.m) > capCacheMax {
+		t.Fatalf("%d capabilities kept", len(cc.m))
+	}
 }

@@ -97,6 +97,8 @@ type Client struct {
 	key *transport.ClientKey // proves id to every server (servers.go)
 	srv servers
 	clk clock.Clock
+	// caps are the block capabilities the owners signed (blocks.go)
+	caps capCache
 	// noSpaceUntil (a clock.Time): the server refused a change for want
 	// of space, lately; until then changes go to the server as they are
 	// made (spaceShort).
