@@ -74,7 +74,11 @@ func (c *Client) fetch(ctx context.Context, ino ids.Ino, start, end, gen uint64)
 	if len(ps) > 0 {
 		w.end = ps[len(ps)-1].Off + ps[len(ps)-1].Len
 	}
-	c.withCache(func(ch *cache.Cache) { ch.PutMap(ino, w, w.version, gen) })
+	c.withCache(func(ch *cache.Cache) {
+		v, _ := ch.Map(ino)
+		ws, _ := v.(mapWindows)
+		ch.PutMap(ino, ws.with(w), w.version, gen)
+	})
 	return c.fetchBlocks(ctx, st, ino, start, end, gen, w, f)
 }
 
@@ -89,6 +93,25 @@ type mapWindow struct {
 	ps                        []blockmap.Piece
 }
 
+// mapWindows are the windows of a file's map looked up so far, newest
+// first: random reads over a file larger than one window find theirs.
+type mapWindows []*mapWindow
+
+// maxMapWindows bounds the windows kept per file (1 GiB of map).
+const maxMapWindows = 16
+
+// with returns ws with w first, the oldest dropped past maxMapWindows,
+// and those of another version gone.
+func (ws mapWindows) with(w *mapWindow) mapWindows {
+	out := mapWindows{w}
+	for _, o := range ws {
+		if len(out) < maxMapWindows && o.version == w.version {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
 // covers reports whether w says where every byte of [start, end) that
 // the file has is.
 func (w *mapWindow) covers(start, end uint64) bool {
@@ -100,9 +123,15 @@ func (w *mapWindow) covers(start, end uint64) bool {
 func (c *Client) cachedMap(ino ids.Ino, start, end uint64) (*mapWindow, bool) {
 	var w *mapWindow
 	ok := c.cached(func(ch *cache.Cache) bool {
-		v, ok := ch.Map(ino)
-		w, _ = v.(*mapWindow)
-		return ok && w != nil && w.covers(start, end)
+		v, _ := ch.Map(ino)
+		ws, _ := v.(mapWindows)
+		for _, o := range ws {
+			if o.covers(start, end) {
+				w = o
+				return true
+			}
+		}
+		return false
 	})
 	return w, ok
 }
