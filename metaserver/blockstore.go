@@ -321,6 +321,18 @@ func (b *blockServer) usage(log interface{ Warn(string, ...any) }) blocks.Usage 
 	return bu.u
 }
 
+// add counts a block committed since the last count, so that statfs
+// shows written data at once; the next count corrects what it missed
+// (blocks put and never committed, deletions).
+func (bu *blockUsage) add(bytes int64) {
+	bu.mu.Lock()
+	defer bu.mu.Unlock()
+	if !bu.at.IsZero() {
+		bu.u.Bytes += bytes
+		bu.u.Blocks++
+	}
+}
+
 func (b *blockServer) countUsage(log interface{ Warn(string, ...any) }) blocks.Usage {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -37,6 +37,8 @@ func (s *Server) writeBlock(q *request, spans []wire.Span, appending bool) *wire
 	a, used, err := s.commitWrite(q, id, spans, appending)
 	if !used {
 		s.dropUnused(id)
+	} else if err == nil {
+		s.blocks.used.add(int64(len(r.Data)))
 	}
 	return attrReply(a, err)
 }

@@ -83,6 +83,11 @@ func (s *Server) commitBlocks(q *request, blks []blockmap.Block, exts []blockmap
 		}
 		a, err = q.st.CommitBlocks(r.Ino, blks, exts, r.Size, q.now)
 	}
+	if err == nil {
+		for _, b := range blks {
+			s.blocks.used.add(int64(b.Size))
+		}
+	}
 	return attrReply(a, err)
 }
 

@@ -447,3 +447,33 @@ func TestClusterCommitLookup(t *testing.T) {
 	}
 	check(c1, 1, second)
 }
+
+// TestBlockUsageReported: the admin status and statfs count the blocks a
+// client committed (the first count lists the store at once).
+func TestBlockUsageReported(t *testing.T) {
+	s := startBlockTestServer(t)
+	ctx := testContext(t)
+	a := connect(t, s)
+	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	takeX(ctx, t, a, f.Ino)
+	data := bytes.Repeat([]byte("u"), 3<<20)
+	blk := putBlock(t, f.Ino, data, s)
+	if _, err := a.Call(ctx, commitReq(f.Ino, blk.Size, []blockmap.Block{blk}, whole(0, blk))); err != nil {
+		t.Fatal(err)
+	}
+	st := adminView{s}.Status()
+	if st.BlockBytes != int64(len(data)) || st.Blocks != 1 || st.BlockFree <= 0 {
+		t.Fatalf("status: %d bytes in %d blocks, %d free; want %d in 1", st.BlockBytes, st.Blocks, st.BlockFree, len(data))
+	}
+	rep, err := a.Call(ctx, &wire.Request{Op: wire.OpStatFs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := rep.StatFs
+	if used := (fs.Blocks - fs.Bfree) * uint64(fs.Bsize); used < uint64(len(data)) {
+		t.Fatalf("statfs: %d bytes used, want at least the %d in blocks", used, len(data))
+	}
+}
