@@ -118,10 +118,7 @@ func TestWriteConvertsPaged(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a, b := connect(t, s), connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	want := randData(wire.InlineMax+5000, 1)
 	small := want[:wire.InlineMax-1000]
 	// a hole of a page inside the paged data
@@ -167,10 +164,7 @@ func TestWriteBlocks(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a, b := connect(t, s), connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	want := randData(wire.InlineMax+1, 2)
 	first := call(ctx, t, a, writeReq(f.Ino, 0, want)) // straight to a block: no page
 	if !isMapped(t, s, f.Ino) || storeBlocks(t, s, f.Ino) != 1 {
@@ -251,10 +245,7 @@ func TestCommitConvertsPaged(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a, b := connect(t, s), connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	want := randData(20000, 3)
 	call(ctx, t, a, writeReq(f.Ino, 0, want))
 	takeX(ctx, t, a, f.Ino)
@@ -276,10 +267,7 @@ func TestReadBlockUnreadable(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a := connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	data := randData(wire.InlineMax+10, 5)
 	call(ctx, t, a, writeReq(f.Ino, 0, data))
 	ps, _, err := lookupBlocks(ctx, a, f.Ino, 0, 1<<20)
@@ -464,10 +452,7 @@ func TestClusterWriteBlocks(t *testing.T) {
 	})
 	ctx := testContext(t)
 	c1, c2 := tc.connect(1), tc.connect(2)
-	f, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, c1, "f")
 	want := randData(1000, 13)
 	call(ctx, t, c1, writeReq(f.Ino, 0, want)) // in pages
 	more := randData(wire.InlineMax, 14)

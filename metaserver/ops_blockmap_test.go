@@ -95,6 +95,16 @@ func slicesHasGrant(rep *wire.Reply, ino ids.Ino, mode wire.LockMode) bool {
 	return false
 }
 
+// mustCreate creates a regular file name in the root through c.
+func mustCreate(ctx context.Context, t *testing.T, c *client.Client, name string) *wire.Attr {
+	t.Helper()
+	a, err := c.Create(ctx, ids.RootIno, name, 0o100644, 0, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 func testContext(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -108,10 +118,7 @@ func TestCommitThenLookup(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a, b := connect(t, s), connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	takeX(ctx, t, a, f.Ino)
 	data := []byte("hello, blocks")
 	blk := putBlock(t, f.Ino, data, s)
@@ -144,10 +151,7 @@ func TestCommitThenLookup(t *testing.T) {
 		t.Fatalf("block bytes %q, %v", got, err)
 	}
 
-	g, err := b.Create(ctx, ids.RootIno, "g", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := mustCreate(ctx, t, b, "g")
 	if _, err := b.Write(ctx, g.Ino, 0, []byte("pages"), false, false); err != nil {
 		t.Fatal(err)
 	}
@@ -177,10 +181,7 @@ func TestLookupBlocksPaged(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a := connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	takeX(ctx, t, a, f.Ino)
 	// one byte of data every other byte: a piece per byte
 	const per = 700
@@ -225,10 +226,7 @@ func TestCommitNeedsX(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a, b := connect(t, s), connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	blk := putBlock(t, f.Ino, []byte("data"), s)
 	if _, err := b.Call(ctx, commitReq(f.Ino, blk.Size, []blockmap.Block{blk}, whole(0, blk))); !errors.Is(err, wire.Err(wire.CodeAccess)) {
 		t.Fatalf("commit without a lock: %v, want refused", err)
@@ -261,10 +259,7 @@ func TestCommitUnuploadedBlock(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a := connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	takeX(ctx, t, a, f.Ino)
 	first := putBlock(t, f.Ino, []byte("first"), s)
 	if _, err := a.Call(ctx, commitReq(f.Ino, first.Size, []blockmap.Block{first}, whole(0, first))); err != nil {
@@ -306,10 +301,7 @@ func TestCommitResentOnce(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a := connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	takeX(ctx, t, a, f.Ino)
 	blk := putBlock(t, f.Ino, []byte("once"), s)
 	req := commitReq(f.Ino, blk.Size, []blockmap.Block{blk}, whole(0, blk))
@@ -337,10 +329,7 @@ func TestCommitReclaim(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a, b := connect(t, s), connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	takeX(ctx, t, a, f.Ino)
 	first := putBlock(t, f.Ino, []byte("first"), s)
 	rep, err := a.Call(ctx, commitReq(f.Ino, first.Size, []blockmap.Block{first}, whole(0, first)))
@@ -379,10 +368,7 @@ func TestCommitOverwriteGarbage(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a := connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	takeX(ctx, t, a, f.Ino)
 	old := putBlock(t, f.Ino, []byte("old data"), s)
 	cur := putBlock(t, f.Ino, []byte("new data"), s)
@@ -414,10 +400,7 @@ func TestClusterCommitLookup(t *testing.T) {
 	servers := []*Server{tc.srv[1], tc.srv[2], tc.srv[3]}
 	ctx := testContext(t)
 	c1, c2 := tc.connect(1), tc.connect(2)
-	f, err := c1.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, c1, "f")
 	takeX(ctx, t, c1, f.Ino)
 	first := putBlock(t, f.Ino, []byte("through one"), servers...)
 	if _, err := c1.Call(ctx, commitReq(f.Ino, first.Size, []blockmap.Block{first}, whole(0, first))); err != nil {
@@ -454,10 +437,7 @@ func TestBlockUsageReported(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a := connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	takeX(ctx, t, a, f.Ino)
 	data := bytes.Repeat([]byte("u"), 3<<20)
 	blk := putBlock(t, f.Ino, data, s)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"testing"
 
-	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -15,10 +14,7 @@ func TestPunchResentOnce(t *testing.T) {
 	s := startTestServer(t)
 	ctx := testContext(t)
 	a := connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	write := func(off uint64, data []byte) {
 		t.Helper()
 		if _, err := a.Call(ctx, &wire.Request{Op: wire.OpWrite, Ino: f.Ino, Off: off, Data: data}); err != nil {

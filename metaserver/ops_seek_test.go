@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/leasefs/leasefs/blocks/blockmap"
-	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/wire"
 )
 
@@ -14,10 +13,7 @@ func TestSeekBlocks(t *testing.T) {
 	s := startBlockTestServer(t)
 	ctx := testContext(t)
 	a, b := connect(t, s), connect(t, s)
-	f, err := a.Create(ctx, ids.RootIno, "f", 0o100644, 0, 0, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := mustCreate(ctx, t, a, "f")
 	takeX(ctx, t, a, f.Ino)
 	blk := putBlock(t, f.Ino, []byte("hello, blocks"), s)
 	size := 100 + blk.Size + 50 // a hole, the block, a hole
