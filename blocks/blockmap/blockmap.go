@@ -1,6 +1,7 @@
 package blockmap
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -99,7 +100,7 @@ func Load(ino ids.Ino, blks []Block, exts []Extent) (*Map, error) {
 		m.blocks[b.Unique] = &blockRef{Block: b}
 	}
 	m.ext = slices.Clone(exts)
-	slices.SortFunc(m.ext, func(a, b Extent) int { return cmpU64(a.Off, b.Off) })
+	slices.SortFunc(m.ext, func(a, b Extent) int { return cmp.Compare(a.Off, b.Off) })
 	for i, e := range m.ext {
 		if err := m.checkExtent(e, nil); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
@@ -115,16 +116,6 @@ func Load(ino ids.Ino, blks []Block, exts []Extent) (*Map, error) {
 		}
 	}
 	return m, nil
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // checkExtent checks e alone: not empty, within MaxSize, inside its block

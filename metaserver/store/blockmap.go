@@ -165,11 +165,8 @@ func (tx *Tx) hasPages(ino ids.Ino) (bool, error) {
 func (s *Store) BlockMap(ino ids.Ino) (*blockmap.Map, error) {
 	var m *blockmap.Map
 	err := s.view(func(tx *Tx) error {
-		n, err := tx.inode(ino)
+		n, err := tx.regularInode(ino)
 		if err != nil {
-			return err
-		}
-		if err := checkRegular(n); err != nil {
 			return err
 		}
 		if !n.mapped {
@@ -318,11 +315,8 @@ func (tx *Tx) commitBlocks(n *inode, m *blockmap.Map, newBlocks []blockmap.Block
 // mappedInode loads a regular file and its block map: ErrNotMapped if its
 // data is in pages.
 func (tx *Tx) mappedInode(ino ids.Ino) (*inode, *blockmap.Map, error) {
-	n, err := tx.inode(ino)
+	n, err := tx.regularInode(ino)
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := checkRegular(n); err != nil {
 		return nil, nil, err
 	}
 	if !n.mapped {
@@ -403,11 +397,8 @@ func (s *Store) LookupBlocks(ino ids.Ino, off, n uint64) ([]blockmap.Piece, Attr
 	var ps []blockmap.Piece
 	var a Attr
 	err := s.view(func(tx *Tx) error {
-		in, err := tx.inode(ino)
+		in, err := tx.regularInode(ino)
 		if err != nil {
-			return err
-		}
-		if err := checkRegular(in); err != nil {
 			return err
 		}
 		if !in.mapped {

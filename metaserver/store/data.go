@@ -38,11 +38,8 @@ func (s *Store) ReadWithAttr(ino ids.Ino, off uint64, size int, alloc func(n int
 	var out []byte
 	var attr Attr
 	err := s.view(func(tx *Tx) error {
-		n, err := tx.inode(ino)
+		n, err := tx.regularInode(ino)
 		if err != nil {
-			return err
-		}
-		if err := checkRegular(n); err != nil {
 			return err
 		}
 		if n.mapped {
@@ -73,11 +70,8 @@ func (s *Store) ReadWithAttr(ino ids.Ino, off uint64, size int, alloc func(n int
 func (s *Store) ReadAt(ino ids.Ino, off uint64, dst []byte) (int, error) {
 	var got int
 	err := s.view(func(tx *Tx) error {
-		n, err := tx.inode(ino)
+		n, err := tx.regularInode(ino)
 		if err != nil {
-			return err
-		}
-		if err := checkRegular(n); err != nil {
 			return err
 		}
 		if n.mapped {
@@ -186,11 +180,8 @@ func (s *Store) writeSetAttr(ino ids.Ino, spansAt func(size uint64) []wire.Span,
 	}
 	var a Attr
 	write := func(tx *Tx) error {
-		n, err := tx.inode(ino)
+		n, err := tx.regularInode(ino)
 		if err != nil {
-			return err
-		}
-		if err := checkRegular(n); err != nil {
 			return err
 		}
 		spans := spansAt(n.Size)

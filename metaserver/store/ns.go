@@ -226,6 +226,15 @@ func (n *inode) setAttrs(in SetAttrIn, now int64) {
 	}
 }
 
+// regularInode loads ino, which must be a regular file (checkRegular).
+func (tx *Tx) regularInode(ino ids.Ino) (*inode, error) {
+	n, err := tx.inode(ino)
+	if err != nil {
+		return nil, err
+	}
+	return n, checkRegular(n)
+}
+
 func checkRegular(n *inode) error {
 	switch modeType(n.Mode) {
 	case syscall.S_IFREG:

@@ -34,11 +34,8 @@ func (s *Store) Punch(ino ids.Ino, off, length uint64, flags uint32, now int64) 
 	}
 	var a Attr
 	_, err := s.update(func(tx *Tx) error {
-		n, err := tx.inode(ino)
+		n, err := tx.regularInode(ino)
 		if err != nil {
-			return err
-		}
-		if err := checkRegular(n); err != nil {
 			return err
 		}
 		if done, err := tx.applied(s.origin); err != nil || done {

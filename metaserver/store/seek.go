@@ -25,11 +25,8 @@ func (s *Store) Seek(ino ids.Ino, off uint64, whence uint32) (uint64, error) {
 	}
 	var got uint64
 	err := s.view(func(tx *Tx) error {
-		n, err := tx.inode(ino)
+		n, err := tx.regularInode(ino)
 		if err != nil {
-			return err
-		}
-		if err := checkRegular(n); err != nil {
 			return err
 		}
 		if off >= n.Size {
