@@ -6,7 +6,6 @@ import (
 	"errors"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/leasefs/leasefs/blocks"
 	"github.com/leasefs/leasefs/blocks/blockmap"
@@ -127,7 +126,7 @@ func (w *writeBack) putBlocks(ctx context.Context, st blocks.Store, ino ids.Ino,
 	})
 	wg.Wait()
 	if firstErr != nil {
-		w.dropPut(st, packed)
+		w.dropPut(pctx, st, packed)
 		if errors.Is(firstErr, syscall.ENOSPC) {
 			w.c.noteNoSpace()
 			return nil, wire.Errf(wire.CodeNoSpace, "block store: %v", firstErr)
@@ -143,10 +142,9 @@ func (w *writeBack) putBlocks(ctx context.Context, st blocks.Store, ino ids.Ino,
 // dropPut deletes the blocks a failed flush put: on a full store their
 // room is what the next write needs, and nothing will commit them. A
 // store a mount may not delete from (the server's endpoint) keeps them
-// until the collector finds them unreferenced.
-func (w *writeBack) dropPut(st blocks.Store, packed []*packedBlock) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+// until the collector finds them unreferenced, as does a request that
+// gives up meanwhile.
+func (w *writeBack) dropPut(ctx context.Context, st blocks.Store, packed []*packedBlock) {
 	for _, b := range packed {
 		if !b.put {
 			continue

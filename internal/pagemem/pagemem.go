@@ -7,7 +7,7 @@
 // caller bounds how many are in use (the cache's data budget), and that
 // bounds the slabs. The slabs are not advised MADV_HUGEPAGE: with the
 // kernel's default defrag setting a huge page fault compacts memory
-// first, which made filling the cache five to eight times slower here.
+// first, which costs far more than the small faults it saves.
 //
 // A Pool is not safe for concurrent use; the cache uses it under its lock.
 package pagemem
