@@ -151,6 +151,15 @@ func (c *Cache) ReadData(ino ids.Ino, off uint64, dest []byte) (int, bool) {
 	return n, true
 }
 
+// DataCurrent reports whether data of file version `version` fetched
+// after DataGen returned gen is still what a read of ino returns: what
+// PutData would cache, and nothing dropped since. For data a reader keeps
+// outside the cache.
+func (c *Cache) DataCurrent(ino ids.Ino, version, gen uint64) bool {
+	e := c.inodes[ino]
+	return e != nil && e.mode != wire.LockNone && e.changing == 0 && e.dataDropped <= gen && version >= e.seenVersion
+}
+
 // HasData reports whether the pages of [off, off+size) are cached (or the
 // file ends before), so that a read of them needs no server.
 func (c *Cache) HasData(ino ids.Ino, off, size uint64) bool {

@@ -22,19 +22,19 @@ type fetched struct {
 }
 
 // fetch reads [start, end) of ino (fewer bytes at the end of the file)
-// and caches it under the S lock the lookup took. gen is the cache's data
-// generation from before the caller flushed its own writes: a write
-// buffered since makes what comes back uncacheable.
+// and, if fill, caches it under the S lock the lookup took. gen is the
+// cache's data generation from before the caller flushed its own writes:
+// a write buffered since makes what comes back uncacheable.
 //
 // With a block store, the owner answers with the file's block map for the
 // range (or, for a small file, its bytes: one round trip), and the blocks
 // are read straight from the store, verified against their checksums.
 // Without one, the server reads the data itself (OpRead).
-func (c *Client) fetch(ctx context.Context, ino ids.Ino, start, end, gen uint64) (fetched, error) {
+func (c *Client) fetch(ctx context.Context, ino ids.Ino, start, end, gen uint64, fill bool) (fetched, error) {
 	st := c.blockStore()
 	if st != nil {
 		if w, ok := c.cachedMap(ino, start, end); ok {
-			return c.fetchBlocks(ctx, st, ino, start, end, gen, w, fetched{info: readInfo{cached: true, version: w.version}})
+			return c.fetchBlocks(ctx, st, ino, start, end, gen, w, fill, fetched{info: readInfo{cached: true, version: w.version}})
 		}
 	}
 	op, ask := wire.OpLookupBlocks, max(end-start, mapWindowBytes)
@@ -79,7 +79,7 @@ func (c *Client) fetch(ctx context.Context, ino ids.Ino, start, end, gen uint64)
 		ws, _ := v.(mapWindows)
 		ch.PutMap(ino, ws.with(w), w.version, gen)
 	})
-	return c.fetchBlocks(ctx, st, ino, start, end, gen, w, f)
+	return c.fetchBlocks(ctx, st, ino, start, end, gen, w, fill, f)
 }
 
 // mapWindowBytes is how much of a file's block map a lookup asks for at
@@ -138,15 +138,15 @@ func (c *Client) cachedMap(ino ids.Ino, start, end uint64) (*mapWindow, bool) {
 
 // fetchBlocks reads [start, end) of ino (fewer bytes at the end of the
 // file) from its blocks, where w says they are, into f, and caches the
-// bytes unless they stream (Client.streams).
-func (c *Client) fetchBlocks(ctx context.Context, st blocks.Store, ino ids.Ino, start, end, gen uint64, w *mapWindow, f fetched) (fetched, error) {
+// bytes if fill, unless they stream (Client.streams).
+func (c *Client) fetchBlocks(ctx context.Context, st blocks.Store, ino ids.Ino, start, end, gen uint64, w *mapWindow, fill bool, f fetched) (fetched, error) {
 	n := min(end, max(w.size, start)) - start
 	f.data, f.recycle = fetchBuffer(int(n))
 	if err := c.readPieces(ctx, st, ino, start, blockmap.Slice(w.ps, start, start+n), f.data); err != nil {
 		f.recycle()
 		return fetched{}, err
 	}
-	if !c.streams(st, end-start) {
+	if fill && !c.streams(st, end-start) {
 		c.withCache(func(ch *cache.Cache) {
 			ch.PutData(ino, start, f.data, n < end-start, w.version, gen)
 		})

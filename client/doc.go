@@ -71,7 +71,7 @@
 //
 //	dirtyFile.mu (a file's)   Client.mu, writeBack.mu (bufferChange,
 //	                          retire, loseFile)
-//	readAhead.mu              Client.mu (readDone)
+//	readAhead.mu              Client.mu (readDone, take)
 //	Client.mu                 servers.mu, seqsInFlight.mu, behind.mu,
 //	                          inoPool.mu, releases.mu, mappedFiles.mu
 //	changesInFlight.mu        none: innermost

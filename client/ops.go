@@ -523,7 +523,11 @@ func (c *Client) read(ctx context.Context, ino ids.Ino, off uint64, buf []byte,
 			return ok
 		})
 	}
-	if fromCache() || c.ra.wait(ctx, ino, off) && fromCache() {
+	fromPrefetch := func() (ok bool) {
+		n, info.version, ok = c.ra.take(ino, off, buf)
+		return ok
+	}
+	if fromCache() || c.ra.wait(ctx, ino, off) && (fromCache() || fromPrefetch()) {
 		c.ra.readDone(ino, off, n)
 		info.cached = true
 		return n, info, nil
@@ -536,7 +540,7 @@ func (c *Client) read(ctx context.Context, ino ids.Ino, off uint64, buf []byte,
 		start = off &^ (readAroundSize - 1)
 		end = max(end, start+readAroundSize)
 	}
-	f, err := c.fetch(ctx, ino, start, end, gen)
+	f, err := c.fetch(ctx, ino, start, end, gen, true)
 	if err != nil {
 		return 0, readInfo{}, err
 	}

@@ -78,11 +78,14 @@ type behindSender interface {
 }
 
 // readAheader is the read-ahead: sequential readers' files fetched ahead
-// into the cache.
+// into the cache, or kept for the reader.
 type readAheader interface {
 	// wait waits for a prefetch in flight that covers off, and reports
 	// whether there was one.
 	wait(ctx context.Context, ino ids.Ino, off uint64) bool
 	// readDone records a read, and fetches ahead of a sequential one.
 	readDone(ino ids.Ino, off uint64, n int)
+	// take copies into buf what prefetches keep of ino at off, while it
+	// is current: the bytes, their file version, and whether it could.
+	take(ino ids.Ino, off uint64, buf []byte) (n int, version uint64, ok bool)
 }

@@ -367,6 +367,48 @@ func TestReadAheadCoherent(t *testing.T) {
 	onServerAndClusterWith(t, []string{"--blocks-remote"}, testReadAheadCoherent)
 }
 
+// TestReadAheadKeptCoherent is TestReadAheadCoherent with a file larger
+// than half the mounts' caches: its prefetches keep what they fetched for
+// the reader instead of caching it, and must be as coherent.
+func TestReadAheadKeptCoherent(t *testing.T) {
+	onServerAndClusterWith(t, []string{"--blocks-remote", "--cache-mib", "8"}, testReadAheadCoherent)
+}
+
+// TestReadAheadKeptAbandoned: readers that stop halfway leave bytes kept
+// for them; a later reader of another file still gets its readahead (the
+// kept bytes give up their slots), and every read is right.
+func TestReadAheadKeptAbandoned(t *testing.T) {
+	s := startServer(t)
+	a := startMount(t, s, "--blocks-remote", "--cache-mib", "8")
+	b := startMount(t, s, "--blocks-remote", "--cache-mib", "8")
+	const files, size = 6, 8 << 20
+	for i := range files {
+		must(t, os.WriteFile(filepath.Join(a.dir, fmt.Sprint("f", i)), patterned(size, i+1), 0o644))
+	}
+	buf := make([]byte, 1<<20)
+	readFile := func(i, upTo int) {
+		t.Helper()
+		f, err := os.Open(filepath.Join(b.dir, fmt.Sprint("f", i)))
+		must(t, err)
+		defer f.Close()
+		want := patterned(size, i+1)
+		for off := 0; off < upTo; off += len(buf) {
+			n, err := f.ReadAt(buf, int64(off))
+			if n != len(buf) || !bytes.Equal(buf, want[off:off+n]) {
+				t.Fatalf("f%d at %d: %d bytes (%v), or not the file's", i, off, n, err)
+			}
+		}
+	}
+	for i := range files - 1 {
+		readFile(i, 2<<20) // and stop: up to 4 MiB kept ahead of each
+	}
+	before := mountStatus(t, b.dir)
+	readFile(files-1, size)
+	if st := mountStatus(t, b.dir); st.Prefetches-before.Prefetches < 4 {
+		t.Fatalf("%d prefetches for an 8 MiB sequential read after abandoned readers", st.Prefetches-before.Prefetches)
+	}
+}
+
 func testReadAheadCoherent(t *testing.T, a, b *mount) {
 	const size = 12 << 20
 	want := patterned(size, 7)
