@@ -91,7 +91,8 @@ func TestAdmin(t *testing.T) {
 	}
 
 	status := admin(t, append(srv, "status")...)
-	if !row(status, "sessions", "2") || !row(status, "failing", "0") || !row(status, "peers", "none") {
+	if !row(status, "sessions", "2") || !row(status, "failing", "0") || !row(status, "peers", "none") ||
+		!row(status, "version", "devel") || !strings.Contains(status, runtime.Version()) {
 		t.Errorf("status table:\n%s", status)
 	}
 	clients := admin(t, append(srv, "clients")...)
@@ -114,12 +115,18 @@ func TestAdmin(t *testing.T) {
 		t.Errorf("counters table:\n%s", counters)
 	}
 	mstat := admin(t, "--mount", a.dir, "status")
-	if !row(mstat, "client", idA) || !row(mstat, "lease left") || !row(mstat, "nacks received", "0") {
+	if !row(mstat, "client", idA) || !row(mstat, "lease left") || !row(mstat, "nacks received", "0") || !row(mstat, "version", "devel") {
 		t.Errorf("mount status:\n%s", mstat)
 	}
 	if out, err := runErr("", binary, append(append([]string{"admin"}, srv...), "evict", "client:00000000000000ff")...); err == nil ||
 		!strings.Contains(out, "no such client") {
 		t.Errorf("evicting an unknown client: %v\n%s", err, out)
+	}
+
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		if out := run(t, "", binary, args...); !strings.HasPrefix(out, "leasefs devel") || !strings.Contains(out, runtime.Version()) {
+			t.Errorf("leasefs %s: %q", args[0], out)
+		}
 	}
 
 	t.Run("chromium", func(t *testing.T) { statusPage(t, s, idA, idB) })

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/version"
+
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/locks"
 	"github.com/leasefs/leasefs/metaserver/admin"
@@ -58,7 +60,7 @@ func (v adminView) Observe(m *admin.Metrics) func() {
 func (v adminView) Status() admin.Status {
 	s := v.s
 	lsm, vlog := s.store.Size()
-	st := admin.Status{ServerID: s.cfg.ServerID, Listen: s.Addr().String(), Started: s.start,
+	st := admin.Status{ServerID: s.cfg.ServerID, Version: version.Get(), Listen: s.Addr().String(), Started: s.start,
 		Uptime: time.Since(s.start).Round(time.Millisecond), CPUs: runtime.GOMAXPROCS(0), ClientLease: s.cfg.ClientLease,
 		ClockDrift: s.cfg.ClockDrift, Peers: []ownership.PeerStatus{}, StoreLSM: lsm, StoreVlog: vlog}
 	if s.blocks != nil {

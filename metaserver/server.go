@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/version"
+
 	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/internal/ratelog"
@@ -299,7 +301,7 @@ func Start(cfg Config) (*Server, error) {
 		s.log.Info("block store", "blocks", cfg.Blocks, "store_id", s.blocks.wire.StoreID,
 			"blocks_listen", s.blocks.ln.Addr().String())
 	}
-	s.log.Info("serving", "listen", s.tr.Addr().String(), "data", cfg.Dir, "server_id", cfg.ServerID)
+	s.log.Info("serving", "version", version.Get().String(), "listen", s.tr.Addr().String(), "data", cfg.Dir, "server_id", cfg.ServerID)
 	return s, nil
 }
 

@@ -23,6 +23,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/version"
+
 	"github.com/spf13/pflag"
 
 	"github.com/leasefs/leasefs/client"
@@ -54,6 +56,7 @@ func startAdmin(srv *metaserver.Server) error {
 // mountStatus is what a mount reports.
 type mountStatus struct {
 	Mountpoint string       `json:"mountpoint"`
+	Version    version.Info `json:"version"`
 	Server     string       `json:"server"`
 	Client     string       `json:"client"`
 	Session    string       `json:"session"`
@@ -78,7 +81,7 @@ func serveMountStatus(c *client.Client, mountpoint string, log *slog.Logger) (st
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(mountStatus{Mountpoint: mountpoint, Server: c.Server(), Client: c.ID().String(),
+		_ = enc.Encode(mountStatus{Mountpoint: mountpoint, Version: version.Get(), Server: c.Server(), Client: c.ID().String(),
 			Session: st.Session.String(), Pid: os.Getpid(), CPUs: runtime.GOMAXPROCS(0), Stats: st})
 	})
 	// A sync sends everything the mount buffered (writes, attribute
@@ -346,6 +349,7 @@ func printStatus(w io.Writer, body []byte) error {
 	}
 	return table(w, "FIELD\tVALUE", func(tw io.Writer) {
 		fmt.Fprintf(tw, "server\t%v\n", st.ServerID)
+		fmt.Fprintf(tw, "version\t%s\n", st.Version)
 		fmt.Fprintf(tw, "listen\t%s\n", st.Listen)
 		fmt.Fprintf(tw, "uptime\t%v\n", st.Uptime.Round(time.Second))
 		fmt.Fprintf(tw, "cpus\t%d\n", st.CPUs)
@@ -458,6 +462,7 @@ func printMount(w io.Writer, body []byte) error {
 		fmt.Fprintf(tw, "mountpoint\t%s\n", ms.Mountpoint)
 		fmt.Fprintf(tw, "server\t%s (sessions with %d)\n", ms.Server, st.Servers)
 		fmt.Fprintf(tw, "client\t%s\n", ms.Client)
+		fmt.Fprintf(tw, "version\t%s\n", ms.Version)
 		fmt.Fprintf(tw, "session\t%s\n", ms.Session)
 		fmt.Fprintf(tw, "pid, cpus\t%d, %d\n", ms.Pid, ms.CPUs)
 		fmt.Fprintf(tw, "lease left\t%v\n", st.LeaseLeft.Round(time.Millisecond))

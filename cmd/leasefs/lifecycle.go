@@ -22,6 +22,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/version"
+
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/spf13/pflag"
 
@@ -140,7 +142,7 @@ func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, 
 	}
 	m.watch()
 	go func() { srv.Wait(); close(m.done) }()
-	log.Info("mounted", "mountpoint", mp, "server", c.Server(), "fuse_connection", m.conn)
+	log.Info("mounted", "version", version.Get().String(), "mountpoint", mp, "server", c.Server(), "fuse_connection", m.conn)
 	return m.run(sigs, lf.stopTimeout)
 }
 

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/leasefs/leasefs/internal/version"
 )
 
 type command struct {
@@ -23,6 +25,7 @@ var commands = []command{
 	{"mount", "mount leasefs from a server (foreground)", runMount},
 	{"up", "run one local server and mount it (the embedded default)", runUp},
 	{"admin", "show what a server or mount is doing; evict a client", runAdmin},
+	{"version", "print which build this is", runVersion},
 }
 
 func usage() {
@@ -42,6 +45,9 @@ func main() {
 	if name == "-h" || name == "--help" || name == "help" {
 		usage()
 		return
+	}
+	if name == "--version" {
+		name = "version"
 	}
 	dumpGoroutinesOnSIGUSR1()
 	for _, c := range commands {
@@ -72,4 +78,13 @@ func dumpGoroutinesOnSIGUSR1() {
 			os.Stderr.Write(buf[:n])
 		}
 	}()
+}
+
+func runVersion(args []string) error {
+	if len(args) > 0 {
+		fmt.Fprintln(os.Stderr, "usage: leasefs version (or leasefs --version)")
+		return errUsage
+	}
+	fmt.Println("leasefs", version.Get())
+	return nil
 }

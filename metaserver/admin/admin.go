@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/version"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -245,6 +247,7 @@ func ParseClientID(s string) (ids.ClientID, error) {
 // Status is the server's overall state.
 type Status struct {
 	ServerID     ids.ServerID           `json:"server_id"`
+	Version      version.Info           `json:"version"`
 	Listen       string                 `json:"listen"`
 	Started      time.Time              `json:"started"`
 	Uptime       time.Duration          `json:"uptime_ns"`
