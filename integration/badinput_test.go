@@ -106,6 +106,9 @@ func TestBadFlags(t *testing.T) {
 		if err != nil || !strings.Contains(string(out), "Usage: leasefs "+cmd) {
 			t.Errorf("leasefs %s --help: %v\n%s", cmd, err, out)
 		}
+		if cmd != "serve" && (!strings.Contains(string(out), "--cache-mib") || !strings.Contains(string(out), "--soft-timeout")) {
+			t.Errorf("leasefs %s --help lacks the mount's --cache-mib or --soft-timeout:\n%s", cmd, out)
+		}
 	}
 }
 

@@ -154,3 +154,16 @@ func TestAdminClientSendsNoSecret(t *testing.T) {
 		t.Errorf("without a token file: %v", err)
 	}
 }
+
+// up says a loopback server serves this machine only, and how others
+// mount one that listens elsewhere.
+func TestUpReach(t *testing.T) {
+	local := reach(&net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4000}, "/d/token")
+	if !strings.Contains(local, "this machine only") || strings.Contains(local, "--server") {
+		t.Errorf("loopback: %q", local)
+	}
+	all := reach(&net.UDPAddr{IP: net.IPv4zero, Port: 7420}, "/d/token")
+	if !strings.Contains(all, "--server THIS_HOST:7420 --token-file (a copy of) /d/token") {
+		t.Errorf("all addresses: %q", all)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/leasefs/leasefs/client"
 	lfs "github.com/leasefs/leasefs/fs"
 	"github.com/leasefs/leasefs/transport"
+	"github.com/spf13/pflag"
 )
 
 func runMount(argv []string) error {
@@ -27,9 +28,9 @@ func runMount(argv []string) error {
 	fs.DurationVar(&cfg.FailoverTimeout, "failover-timeout", cfg.FailoverTimeout, "with several servers: how long a request may go unanswered before the mount checks that its server is alive and fails over if not")
 	fs.StringVar(&tokenFile, "token-file", "", "file holding the cluster's join token (the server's DATA/token)")
 	fs.StringVar(&token, "token", "", "the join token itself (prefer --token-file: command lines are visible to other users)")
-	fs.DurationVar(&cfg.SoftTimeout, "soft-timeout", 0, "fail operations with EIO after the server was unreachable this long (0: block until it returns, like NFS hard)")
+	var tuning mountTuning
+	tuning.add(fs, &cfg)
 	fs.DurationVar(&cfg.DialTimeout, "dial-timeout", cfg.DialTimeout, "how long to try to reach the server at mount time")
-	cacheMiB := fs.Int64("cache-mib", cfg.CacheBytes>>20, "file data this mount keeps in memory while it holds the files' data locks, in MiB (0: none)")
 	cpus := fs.Int("cpus", 0, "CPUs the mount's own work may use at once (Go's GOMAXPROCS); 0: half of this machine's, at least 1,\nleaving the rest to the applications it serves (or GOMAXPROCS from the environment)")
 	fs.BoolVar(&debug, "fuse-debug", false, "log every FUSE request")
 	fs.StringVar(&faults, "faults", "", "inject transport faults (testing only)")
@@ -49,10 +50,9 @@ func runMount(argv []string) error {
 		return err
 	}
 	cfg.Logger = log
-	if *cacheMiB < 0 {
-		return errors.New("--cache-mib must not be negative")
+	if err := tuning.apply(&cfg); err != nil {
+		return err
 	}
-	cfg.CacheBytes = *cacheMiB << 20
 	if *cpus < 0 {
 		return errors.New("--cpus must not be negative")
 	}
@@ -100,3 +100,20 @@ func runMount(argv []string) error {
 // idle thread that then spins for work, on the CPUs the applications
 // need. Bulk reads and writes are no slower with half.
 func mountCPUs() int { return max(1, runtime.GOMAXPROCS(0)/2) }
+
+// mountTuning is the flags of a mount's behaviour that up offers too.
+type mountTuning struct{ cacheMiB int64 }
+
+func (t *mountTuning) add(fs *pflag.FlagSet, cfg *client.Config) {
+	fs.DurationVar(&cfg.SoftTimeout, "soft-timeout", 0, "fail operations with EIO after the server was unreachable this long (0: block until it returns, like NFS hard)")
+	fs.Int64Var(&t.cacheMiB, "cache-mib", cfg.CacheBytes>>20, "file data this mount keeps in memory while it holds the files' data locks, in MiB (0: none)")
+}
+
+// apply puts the parsed flags into cfg.
+func (t *mountTuning) apply(cfg *client.Config) error {
+	if t.cacheMiB < 0 {
+		return errors.New("--cache-mib must not be negative")
+	}
+	cfg.CacheBytes = t.cacheMiB << 20
+	return nil
+}
