@@ -10,10 +10,12 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/ratelog"
 )
 
 // kvTxn is the store's view of one key-value transaction, the size of
@@ -212,15 +214,24 @@ func (b badgerTxn) scan(prefix, start []byte, reverse, values bool, fn func(key,
 }
 
 // badgerLogger routes badger's log to slog: errors and warnings only, its
-// info and debug chatter is dropped.
-type badgerLogger struct{ log *slog.Logger }
+// info and debug chatter is dropped. A warning badger repeats (its block
+// cache advice comes every minute, forever, after one large scan) is
+// logged once an hour, with how many were left out.
+type badgerLogger struct {
+	log   *slog.Logger
+	warns *ratelog.Limiter // keyed by the warning's format
+}
+
+func newBadgerLogger(log *slog.Logger) badgerLogger {
+	return badgerLogger{log: log, warns: ratelog.NewLimiter(1, time.Hour, 64)}
+}
 
 func (l badgerLogger) Errorf(f string, a ...any) {
 	l.log.Error("badger: " + trimNL(fmt.Sprintf(f, a...)))
 }
 
 func (l badgerLogger) Warningf(f string, a ...any) {
-	l.log.Warn("badger: " + trimNL(fmt.Sprintf(f, a...)))
+	l.warns.Warn(l.log, f, "badger: "+trimNL(fmt.Sprintf(f, a...)))
 }
 func (badgerLogger) Infof(string, ...any)  {}
 func (badgerLogger) Debugf(string, ...any) {}

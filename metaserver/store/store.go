@@ -309,7 +309,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	// within badger's transaction size limit (15% of the memtable); metadata
 	// stays in the LSM tree.
 	bopts = bopts.
-		WithLogger(badgerLogger{log}).
+		WithLogger(newBadgerLogger(log)).
 		WithSyncWrites(false). // Sync() at fsync/close; a process kill loses nothing the kernel has
 		WithNumMemtables(2).
 		WithMemTableSize(memtableSize).
