@@ -15,8 +15,9 @@ import (
 
 // MountOptions configures a mount.
 type MountOptions struct {
-	Debug  bool // log every FUSE request
-	Logger *slog.Logger
+	Debug    bool // log every FUSE request
+	ReadOnly bool // the kernel refuses every change with EROFS
+	Logger   *slog.Logger
 }
 
 // Mount mounts the leasefs client c at dir and returns the running FUSE
@@ -73,6 +74,9 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		opts.Options = append(opts.Options, "default_permissions")
 		opts.EnableAcl = true
 		opts.DirectMountStrict = true
+	}
+	if o.ReadOnly {
+		opts.Options = append(opts.Options, "ro")
 	}
 	log := o.Logger
 	if log == nil {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -165,5 +166,29 @@ func TestUpReach(t *testing.T) {
 	all := reach(&net.UDPAddr{IP: net.IPv4zero, Port: 7420}, "/d/token")
 	if !strings.Contains(all, "--server THIS_HOST:7420 --token-file (a copy of) /d/token") {
 		t.Errorf("all addresses: %q", all)
+	}
+}
+
+func TestMountHelperArgs(t *testing.T) {
+	got, fake, err := mountHelperArgs([]string{"a:1,b:1", "/mnt/x", "-o", "ro,token_file=/etc/t,_netdev,x-systemd.automount,cache_mib=64", "-n"})
+	want := []string{"--background", "--server", "a:1,b:1", "--read-only", "--token-file", "/etc/t", "--cache-mib", "64", "/mnt/x"}
+	if err != nil || fake || !slices.Equal(got, want) {
+		t.Errorf("got %q %v %v, want %q", got, fake, err, want)
+	}
+	if _, fake, err := mountHelperArgs([]string{"a:1", "/m", "-f", "-otoken_file=/t"}); err != nil || !fake {
+		t.Errorf("-f: fake %v, %v", fake, err)
+	}
+	for _, bad := range [][]string{{"a:1"}, {"a:1", "/m", "-o", "bogus=1"}, {"a:1", "/m", "-o"}, {"a:1", "/m", "-N", "ns"}} {
+		if _, _, err := mountHelperArgs(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+	for argv, want := range map[string]bool{
+		"/sbin/mount.fuse.leasefs a:1 /m": true, "leasefs a:1 /m -o x": true,
+		"leasefs mount --server a:1 /m": false, "leasefs --version": false, "leasefs up /m": false,
+	} {
+		if got := isMountHelper(strings.Fields(argv)); got != want {
+			t.Errorf("isMountHelper(%s) = %v", argv, got)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"runtime"
@@ -40,12 +41,13 @@ func parse(fs *pflag.FlagSet, args []string) error {
 }
 
 type logFlags struct {
-	level, format string
+	level, format, file string
 }
 
 func (l *logFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&l.level, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&l.format, "log-format", "text", "log format: text or json")
+	fs.StringVar(&l.file, "log-file", "", "append the log to this file (default: stderr)")
 }
 
 func (l *logFlags) logger() (*slog.Logger, error) {
@@ -54,11 +56,19 @@ func (l *logFlags) logger() (*slog.Logger, error) {
 		return nil, fmt.Errorf("bad --log-level %q: want debug, info, warn or error", l.level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
+	out := io.Writer(os.Stderr)
+	if l.file != "" {
+		f, err := openLog(l.file) // for the life of the process
+		if err != nil {
+			return nil, err
+		}
+		out = f
+	}
 	switch strings.ToLower(l.format) {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewTextHandler(out, opts)), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewJSONHandler(out, opts)), nil
 	}
 	return nil, fmt.Errorf("bad --log-format %q: want text or json", l.format)
 }

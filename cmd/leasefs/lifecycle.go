@@ -143,6 +143,7 @@ func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, 
 	m.watch()
 	go func() { srv.Wait(); close(m.done) }()
 	log.Info("mounted", "version", version.Get().String(), "mountpoint", mp, "server", c.Server(), "fuse_connection", m.conn)
+	reportReady(nil)
 	return m.run(sigs, lf.stopTimeout)
 }
 

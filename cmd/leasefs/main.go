@@ -7,6 +7,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -37,6 +38,13 @@ func usage() {
 }
 
 func main() {
+	if isMountHelper(os.Args) {
+		if err := runMountHelper(os.Args[1:]); err != nil {
+			fmt.Fprintf(os.Stderr, "leasefs: mount: %v\n", err)
+			os.Exit(32) // mount(8)'s "mount failure"
+		}
+		return
+	}
 	if len(os.Args) < 2 {
 		usage()
 		os.Exit(2)
@@ -54,9 +62,12 @@ func main() {
 		if c.name == name {
 			if err := c.run(os.Args[2:]); err != nil {
 				if err == errUsage {
+					reportReady(errors.New("bad arguments; see leasefs mount --help"))
 					os.Exit(2)
 				}
-				fmt.Fprintf(os.Stderr, "leasefs %s: %v\n", name, err)
+				if !reportReady(err) { // else the parent says it
+					fmt.Fprintf(os.Stderr, "leasefs %s: %v\n", name, err)
+				}
 				os.Exit(1)
 			}
 			return

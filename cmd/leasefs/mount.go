@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	rtdebug "runtime/debug"
+	"slices"
 
 	"github.com/leasefs/leasefs/client"
 	lfs "github.com/leasefs/leasefs/fs"
@@ -21,7 +22,7 @@ func runMount(argv []string) error {
 			"buffered and exits within --stop-timeout: 0 if everything reached the server, 1 if it logged\n"+
 			"DATA LOST. A MOUNTPOINT that already has a mount on it is refused (--allow-stacked).")
 	var tokenFile, token, faults string
-	var debug bool
+	var debug, background, readOnly bool
 	var logging logFlags
 	var life lifeFlags
 	fs.StringSliceVar(&cfg.Servers, "server", nil, "server address HOST:PORT, or several of one cluster (A,B,C or repeated): requests go to the first that answers,\nor to the server that owns their inode if one redirects there; on failure to the next (required)")
@@ -32,6 +33,8 @@ func runMount(argv []string) error {
 	tuning.add(fs, &cfg)
 	fs.DurationVar(&cfg.DialTimeout, "dial-timeout", cfg.DialTimeout, "how long to try to reach the server at mount time")
 	cpus := fs.Int("cpus", 0, "CPUs the mount's own work may use at once (Go's GOMAXPROCS); 0: half of this machine's, at least 1,\nleaving the rest to the applications it serves (or GOMAXPROCS from the environment)")
+	fs.BoolVar(&background, "background", false, "return once mounted, serving the mount from a process of its own; it logs to --log-file, else to\nthis command's stderr unless a terminal, else to /var/log/leasefs/mount-DIR.log (~/.local/state/leasefs as a user)")
+	fs.BoolVar(&readOnly, "read-only", false, "mount read-only: writes fail with EROFS")
 	fs.BoolVar(&debug, "fuse-debug", false, "log every FUSE request")
 	fs.StringVar(&faults, "faults", "", "inject transport faults (testing only)")
 	_ = fs.MarkHidden("faults")
@@ -44,6 +47,10 @@ func runMount(argv []string) error {
 	if fs.NArg() != 1 {
 		fs.Usage()
 		return errUsage
+	}
+	if background {
+		child := slices.DeleteFunc(slices.Clone(argv), func(a string) bool { return a == "--background" || a == "--background=true" })
+		return startBackground(append([]string{"mount"}, child...), fs.Arg(0), logging.file)
 	}
 	log, err := logging.logger()
 	if err != nil {
@@ -90,7 +97,7 @@ func runMount(argv []string) error {
 			return fmt.Errorf("--faults: %w", err)
 		}
 	}
-	return mountAndServe(cfg, fs.Arg(0), lfs.MountOptions{Debug: debug}, log, life)
+	return mountAndServe(cfg, fs.Arg(0), lfs.MountOptions{Debug: debug, ReadOnly: readOnly}, log, life)
 }
 
 // mountCPUs is the mount's default GOMAXPROCS: half the CPUs Go would
