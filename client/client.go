@@ -22,7 +22,10 @@ import (
 type Config struct {
 	// Servers are the cluster's servers (HOST:PORT), any subset; the
 	// client uses one at a time and fails over to the next.
-	Servers     []string
+	Servers []string
+	// Mountpoint is where this client is mounted, which it tells the
+	// servers for their clients list (empty: not a mount).
+	Mountpoint  string
 	Token       transport.Token
 	Logger      *slog.Logger
 	Faults      *transport.Faults

@@ -10,6 +10,7 @@ import (
 	"github.com/leasefs/leasefs/cache"
 	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/version"
 	"github.com/leasefs/leasefs/lease"
 	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
@@ -19,7 +20,8 @@ import (
 // has stolen our old locks, so it retries until ctx ends.
 func (c *Client) openSession(ctx context.Context, cn *conn) error {
 	host, _ := os.Hostname()
-	body := (&wire.Request{Op: wire.OpOpenSession, Target: host}).Append(nil)
+	// Name and NewName say where and which release: the servers' clients list shows them
+	body := (&wire.Request{Op: wire.OpOpenSession, Target: host, Name: c.cfg.Mountpoint, NewName: version.Get().String()}).Append(nil)
 	for {
 		// Sequence numbers never restart: the server's reply cache must
 		// not mistake this open for an earlier one.
@@ -39,7 +41,8 @@ func (c *Client) openSession(ctx context.Context, cn *conn) error {
 		}
 		rep, err := wire.ParseReply(raw)
 		if err != nil {
-			return err
+			// a refusal names the server's release; say ours
+			return fmt.Errorf("opening a session with %s: %w (this mount runs leasefs %s, wire version %d)", cn.addr, err, version.Get(), wire.Version)
 		}
 		if rep.Code == wire.CodeUnavailable {
 			return rep.Err()

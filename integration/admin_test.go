@@ -96,7 +96,7 @@ func TestAdmin(t *testing.T) {
 		t.Errorf("status table:\n%s", status)
 	}
 	clients := admin(t, append(srv, "clients")...)
-	if !row(clients, idA, "normal") || !row(clients, idB, "normal") {
+	if !row(clients, idA, a.dir, "normal") || !row(clients, idB, b.dir, "normal") || !row(clients, idA, "devel") {
 		t.Errorf("clients table lacks %s and %s as normal:\n%s", idA, idB, clients)
 	}
 	lockTable := admin(t, append(srv, "locks")...)

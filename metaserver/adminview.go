@@ -102,6 +102,7 @@ func (v adminView) Clients() []admin.ClientInfo {
 		}
 		sess.mu.Unlock()
 		byID[sess.client] = &admin.ClientInfo{Client: sess.client.String(), Session: sess.id.String(), Host: sess.host,
+			Mountpoint: sess.mount, Version: sess.release, Uptime: time.Since(sess.opened).Round(time.Second),
 			Addr: sess.addr, Opened: sess.opened, LastSeen: time.Unix(0, sess.lastSeen.Load()),
 			State: "normal", OpenFiles: open}
 	}

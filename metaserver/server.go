@@ -160,6 +160,8 @@ type session struct {
 	client   ids.ClientID
 	host     string
 	addr     string
+	mount    string // the client's mountpoint, as it says
+	release  string // the client's leasefs version, as it says
 	opened   time.Time
 	openSeq  uint64       // the seq of the open that made it (sessions.go)
 	lastSeen atomic.Int64 // unix nanoseconds a request last arrived or ended
@@ -425,6 +427,11 @@ func (s *Server) handle(ctx context.Context, tr *transport.Request) []byte {
 	}
 	s.counters.Requests.Add(1)
 	s.counters.Bytes.Add(int64(len(tr.Body)))
+	if v := wire.BodyVersion(tr.Body); v != wire.Version {
+		s.warns.Warn(s.log, peerOf(tr), "request of another leasefs release refused", "client", tr.Client, "wire_version", v, "ours", wire.Version)
+		return wire.Refusal(fmt.Sprintf("the server runs leasefs %s, which speaks wire version %d, not %d: run one release on servers and mounts",
+			version.Get(), wire.Version, v))
+	}
 	req, err := wire.ParseRequest(tr.Body)
 	if err != nil {
 		s.warns.Warn(s.log, peerOf(tr), "malformed request", "client", tr.Client, "err", err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasefs/leasefs/client"
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/internal/version"
 	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
 )
@@ -103,8 +104,20 @@ func TestMalformedAndUnknownSession(t *testing.T) {
 		}
 		return rep
 	}
-	if rep := call(transport.Header{Client: tc.ID(), Seq: 1}, []byte{1, 2, 3}); rep.Code != wire.CodeBadMessage {
+	if rep := call(transport.Header{Client: tc.ID(), Seq: 1}, []byte{wire.Version, 2, 3}); rep.Code != wire.CodeBadMessage {
 		t.Fatalf("garbage: %v", rep.Code)
+	}
+	// A body of another release's encoding gets a refusal any release
+	// reads, naming the server's build and both versions.
+	other := (&wire.Request{Op: wire.OpOpenSession}).Append(nil)
+	other[0] = wire.Version + 1
+	raw, err := tc.Call(ctx, transport.Header{Client: tc.ID(), Seq: 3}, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("runs leasefs %s, which speaks wire version %d, not %d", version.Get(), wire.Version, wire.Version+1)
+	if _, err := wire.ParseReply(raw); !errors.Is(err, wire.ErrRefused) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("another version: %v, want a refusal saying %q", err, want)
 	}
 	getattr := (&wire.Request{Op: wire.OpGetAttr, Ino: ids.RootIno}).Append(nil)
 	if rep := call(transport.Header{Client: tc.ID(), Session: 12345, Seq: 2}, getattr); rep.Code != wire.CodeNack {

@@ -130,7 +130,7 @@ var errTooManySessions = wire.Errf(wire.CodeUnavailable, "server busy: too many 
 // first. An older open than that is stale and refused.
 func (s *Server) openSession(tr *transport.Request, req *wire.Request) *wire.Reply {
 	c, seq := tr.Client, tr.Seq
-	sess := &session{id: newSessionID(), client: c, host: req.Target, opened: time.Now(),
+	sess := &session{id: newSessionID(), client: c, host: req.Target, mount: req.Name, release: req.NewName, opened: time.Now(),
 		openSeq: seq, openHandle: map[ids.Ino]int{}}
 	if tr.Conn != nil {
 		sess.addr = tr.Conn.RemoteAddr().String()
@@ -167,7 +167,8 @@ func (s *Server) openSession(tr *transport.Request, req *wire.Request) *wire.Rep
 	// before is free.
 	s.lm.forgetClient(c)
 	s.counters.SessionsOpened.Add(1)
-	s.log.Info("session opened", "client", c, "session", sess.id, "host", req.Target, "addr", sess.addr)
+	s.log.Info("session opened", "client", c, "session", sess.id, "host", req.Target, "addr", sess.addr,
+		"mountpoint", req.Name, "version", req.NewName)
 	return s.sessionReply(sess)
 }
 

@@ -33,7 +33,7 @@ func TestMalformedLogBounded(t *testing.T) {
 	defer cancel()
 	const n = 3 * ratelog.DefaultBurst
 	for i := range n {
-		raw, err := tc.Call(ctx, transport.Header{Client: tc.ID(), Seq: uint64(i + 1)}, []byte{1, 2, 3})
+		raw, err := tc.Call(ctx, transport.Header{Client: tc.ID(), Seq: uint64(i + 1)}, []byte{wire.Version, 2, 3})
 		if err != nil {
 			t.Fatal(err)
 		}

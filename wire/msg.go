@@ -824,6 +824,9 @@ func (h *ReplyHead) parse(d *dec) {
 // ParseReplyHead decodes the head of a reply body (of which the rest need
 // not be there).
 func ParseReplyHead(b []byte) (ReplyHead, error) {
+	if err := refused(b); err != nil {
+		return ReplyHead{}, err
+	}
 	d := newDec(b)
 	var h ReplyHead
 	h.parse(&d)
@@ -832,6 +835,9 @@ func ParseReplyHead(b []byte) (ReplyHead, error) {
 
 // ParseReply decodes a reply body. Data aliases b.
 func ParseReply(b []byte) (*Reply, error) {
+	if err := refused(b); err != nil {
+		return nil, err
+	}
 	d := newDec(b)
 	var h ReplyHead
 	h.parse(&d)

@@ -126,7 +126,7 @@ func runAdmin(argv []string) error {
 			"token pins; the connection is TLS.\n\n"+
 			"Server commands:\n"+
 			"  status          server id, uptime, lease parameters, peers, store size\n"+
-			"  clients         sessions: client, host, address, lease state, last request, locks\n"+
+			"  clients         sessions: client, host, mountpoint, address, lease state, last request, locks, uptime, version\n"+
 			"  locks           data locks (S/X), flock and fcntl locks, queued requests\n"+
 			"  owners          inodes this server owns: epoch, lease expiry (single server: all its own, epoch 0)\n"+
 			"  counters        request, NACK, lock and failure counters\n"+
@@ -369,7 +369,7 @@ func printClients(w io.Writer, body []byte) error {
 	if err != nil {
 		return err
 	}
-	return table(w, "CLIENT\tHOST\tADDRESS\tSTATE\tLAST REQUEST\tDATA LOCKS\tOPEN FILES", func(tw io.Writer) {
+	return table(w, "CLIENT\tHOST\tMOUNTPOINT\tADDRESS\tSTATE\tLAST REQUEST\tDATA LOCKS\tOPEN FILES\tUP\tVERSION", func(tw io.Writer) {
 		for _, c := range cs {
 			state := c.State
 			if c.State == "failing" {
@@ -379,7 +379,8 @@ func printClients(w io.Writer, body []byte) error {
 			if !c.LastSeen.IsZero() {
 				last = time.Since(c.LastSeen).Round(time.Millisecond).String() + " ago"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", c.Client, dash(c.Host), dash(c.Addr), state, last, c.DataLocks, c.OpenFiles)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%v\t%s\n", c.Client, dash(c.Host), dash(c.Mountpoint), dash(c.Addr), state, last,
+				c.DataLocks, c.OpenFiles, c.Uptime.Round(time.Second), dash(c.Version))
 		}
 	})
 }

@@ -121,6 +121,7 @@ func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, 
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	ctx, stopConnecting := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	cfg.Mountpoint = mp
 	c, err := client.New(ctx, cfg)
 	stopConnecting()
 	if err != nil {

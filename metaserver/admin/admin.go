@@ -269,12 +269,17 @@ type Status struct {
 
 // ClientInfo is one client as far as the server knows it.
 type ClientInfo struct {
-	Client   string    `json:"client"`
-	Session  string    `json:"session,omitempty"`
-	Host     string    `json:"host,omitempty"`
-	Addr     string    `json:"addr,omitempty"`
-	Opened   time.Time `json:"opened"`
-	LastSeen time.Time `json:"last_request"`
+	Client  string `json:"client"`
+	Session string `json:"session,omitempty"`
+	Host    string `json:"host,omitempty"`
+	Addr    string `json:"addr,omitempty"`
+	// Mountpoint and Version are what the mount said at its session's
+	// open; Uptime is the session's age.
+	Mountpoint string        `json:"mountpoint,omitempty"`
+	Version    string        `json:"version,omitempty"`
+	Uptime     time.Duration `json:"uptime_ns"`
+	Opened     time.Time     `json:"opened"`
+	LastSeen   time.Time     `json:"last_request"`
 	// State is "normal" (stateless serving: no timer), or "failing" with
 	// FailingLeft until its locks are stolen. Forgotten clients are gone
 	// from the server and so from this list.
