@@ -3,7 +3,9 @@ package integration
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -361,5 +363,31 @@ func TestAdminEndpointAuth(t *testing.T) {
 	out, err = runErr("", binary, "admin", "--server", s.adminAddr(), "--token-file", other.tokenFile, "status")
 	if err == nil || !strings.Contains(out, "does not present the cluster certificate") {
 		t.Errorf("admin with another cluster's token: %v\n%s", err, out)
+	}
+}
+
+// TestMetrics: /metrics has the Go and process collectors, the build, and
+// request results as short codes (a lookup of a missing name: enoent).
+func TestMetrics(t *testing.T) {
+	s := startServer(t, "--admin", testnet.TCPAddr(t))
+	m := startMount(t, s)
+	if _, err := os.Stat(filepath.Join(m.dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stat of a missing name: %v", err)
+	}
+	must(t, os.WriteFile(filepath.Join(m.dir, "f"), []byte("x"), 0o644))
+	resp, err := http.Get("http://" + s.adminAddr() + "/metrics")
+	must(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	must(t, err)
+	for _, want := range []string{
+		`leasefs_build_info{commit="",goversion="` + runtime.Version() + `",version="devel"} 1`,
+		`leasefs_request_duration_seconds_count{op="lookup",result="enoent"}`,
+		`leasefs_request_duration_seconds_count{op="create",result="ok"}`,
+		"go_goroutines ", "process_resident_memory_bytes ", "leasefs_wire_bytes_total ", "leasefs_block_free_bytes ",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
 	}
 }

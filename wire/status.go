@@ -62,6 +62,25 @@ func (c Code) String() string {
 	return fmt.Sprintf("code(%d)", uint16(c))
 }
 
+var codeShort = [...]string{
+	CodeOK: "ok", CodeNotFound: "enoent", CodeExists: "eexist", CodeNotEmpty: "enotempty",
+	CodeNotDir: "enotdir", CodeIsDir: "eisdir", CodeNameTooLong: "enametoolong", CodeInvalid: "einval",
+	CodeNoData: "enodata", CodeRange: "erange", CodeAccess: "eacces", CodePerm: "eperm", CodeIO: "eio",
+	CodeNoSpace: "enospc", CodeStale: "estale", CodeNack: "nack", CodeAgain: "eagain",
+	CodeRedirect: "redirect", CodeTooBig: "efbig", CodeNotSupported: "enotsup", CodeBadMessage: "ebadmsg",
+	CodeDeadlock: "edeadlk", CodeCrossDevice: "exdev", CodeInterrupted: "eintr",
+	CodeUnavailable: "unavailable", CodeNXIO: "enxio",
+}
+
+// Short is the code as a metric label: the errno's name in lower case
+// (enoent, eacces), or ok, nack, redirect, unavailable.
+func (c Code) Short() string {
+	if c < codeCount {
+		return codeShort[c]
+	}
+	return fmt.Sprintf("code%d", uint16(c))
+}
+
 // Error is an error carrying a Code, so a server-side failure crosses the
 // wire and reaches fs/ as the same POSIX error.
 type Error struct {

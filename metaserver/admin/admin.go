@@ -19,6 +19,7 @@ import (
 	"github.com/leasefs/leasefs/internal/version"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/leasefs/leasefs/internal/ids"
@@ -102,7 +103,7 @@ func newMetrics() *Metrics {
 
 // Request records one request.
 func (m *Metrics) Request(op wire.Op, code wire.Code, d time.Duration) {
-	m.requests.WithLabelValues(op.String(), code.String()).Observe(d.Seconds())
+	m.requests.WithLabelValues(op.String(), code.Short()).Observe(d.Seconds())
 }
 
 // Revocation records one revocation callback's round trip.
@@ -328,7 +329,8 @@ type Counters struct {
 	ClientsFailed  int64 `json:"clients_failed"`
 	ClientsExpired int64 `json:"clients_expired"`
 	DeliveryErrors int64 `json:"delivery_errors"`
-	Replayed       int64 `json:"replayed"` // resent changes answered without applying them twice
+	Replayed       int64 `json:"replayed"`   // resent changes answered without applying them twice
+	WireBytes      int64 `json:"wire_bytes"` // request and reply bodies over QUIC
 }
 
 // ChecksumInfo is a server's replica checksum: equal on two servers if and
@@ -362,6 +364,7 @@ func (a *Endpoint) register() {
 	counter("leasefs_locks_stolen_total", "Data locks stolen from timed-out clients.", func(c Counters) int64 { return c.LocksStolen })
 	counter("leasefs_clients_failed_total", "Clients failed (revocation unacknowledged or evicted).", func(c Counters) int64 { return c.ClientsFailed })
 	counter("leasefs_clients_expired_total", "Failed clients whose timer ran out (locks stolen, session forgotten).", func(c Counters) int64 { return c.ClientsExpired })
+	counter("leasefs_wire_bytes_total", "Bytes of request and reply bodies over QUIC (file data of files up to 64 KiB included; larger files' data goes to the block store).", func(c Counters) int64 { return c.WireBytes })
 	gauge := func(name, help string, f func(Status) float64) {
 		a.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
 			func() float64 { return f(s.Status()) }))
@@ -372,6 +375,12 @@ func (a *Endpoint) register() {
 	gauge("leasefs_store_bytes", "Bytes of the metadata store (badger LSM plus value log).", func(st Status) float64 { return float64(st.StoreLSM + st.StoreVlog) })
 	gauge("leasefs_block_bytes", "Bytes of file data in the block store (counted every 10 s).", func(st Status) float64 { return float64(st.BlockBytes) })
 	gauge("leasefs_blocks", "Blocks in the block store (counted every 10 s).", func(st Status) float64 { return float64(st.Blocks) })
+	gauge("leasefs_block_free_bytes", "Room left in the block store's file system (-1: unknown).", func(st Status) float64 { return float64(st.BlockFree) })
+	v := version.Get()
+	a.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leasefs_build_info",
+		Help:        "Always 1; the labels say which build runs.",
+		ConstLabels: prometheus.Labels{"version": v.Version, "commit": v.Commit, "goversion": v.Go}}, func() float64 { return 1 }))
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.reg.MustRegister(a.m.requests, a.m.revocations)
 }
 
