@@ -237,33 +237,35 @@ func (c *Client) Session() wire.Session {
 	return cn.session
 }
 
-// Stats describes the client for `leasefs admin --mount`.
+// Stats describes the client for `leasefs admin --mount` (JSON as the
+// server's admin API names things: snake_case, durations in ns).
 type Stats struct {
-	Session         ids.SessionID // with the home server
-	Servers         int           // servers the client has sessions with
-	LeaseLeft       time.Duration
-	LeaseStats      lease.ClientStats
-	CachedInodes    int
-	CachedDataBytes int64
-	DirtyBytes      int64 // buffered writes not yet at the server
-	Hits, Misses    int64
-	Locks           []wire.Grant
-	Requests        int64
-	NacksReceived   int64
-	Recoveries      int64
-	Revocations     int64
-	Redirects       int64
-	RemovedBehind   int64
-	CreatedBehind   int64
-	CreatedWithData int64
-	BehindBatches   int64
-	ReclaimsOK      int64
-	ReclaimsRefused int64
-	DataLost        int64
-	Prefetches      int64
+	Session         ids.SessionID     `json:"session"` // with the home server
+	Servers         int               `json:"servers"` // servers the client has sessions with
+	LeaseLeft       time.Duration     `json:"lease_left_ns"`
+	LeaseStats      lease.ClientStats `json:"lease"`
+	CachedInodes    int               `json:"cached_inodes"`
+	CachedDataBytes int64             `json:"cached_data_bytes"`
+	DirtyBytes      int64             `json:"dirty_bytes"` // buffered writes not yet at the server
+	Hits            int64             `json:"cache_hits"`
+	Misses          int64             `json:"cache_misses"`
+	Locks           []wire.Grant      `json:"locks"`
+	Requests        int64             `json:"requests"`
+	NacksReceived   int64             `json:"nacks_received"`
+	Recoveries      int64             `json:"recoveries"`
+	Revocations     int64             `json:"revocations"`
+	Redirects       int64             `json:"redirects"`
+	RemovedBehind   int64             `json:"removed_behind"`
+	CreatedBehind   int64             `json:"created_behind"`
+	CreatedWithData int64             `json:"created_with_data"`
+	BehindBatches   int64             `json:"behind_batches"`
+	ReclaimsOK      int64             `json:"reclaims_ok"`
+	ReclaimsRefused int64             `json:"reclaims_refused"`
+	DataLost        int64             `json:"data_lost"`
+	Prefetches      int64             `json:"prefetches"`
 	// Blocks is the path to the home server's block store: "local DIR",
 	// "remote URL" or "none".
-	Blocks string
+	Blocks string `json:"blocks"`
 }
 
 // Stats returns the client's state and counters.

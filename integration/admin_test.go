@@ -37,17 +37,25 @@ func mountClient(t *testing.T, m *mount) (id string, recoveries int64) {
 
 // mountCounters are counters of a mount's client (client.Stats).
 type mountCounters struct {
-	Recoveries, NacksReceived, Redirects, DataLost, RemovedBehind, CreatedBehind, CreatedWithData int64
-	BehindBatches, DirtyBytes, Requests                                                           int64
-	Servers                                                                                       int
+	Recoveries      int64 `json:"recoveries"`
+	NacksReceived   int64 `json:"nacks_received"`
+	Redirects       int64 `json:"redirects"`
+	DataLost        int64 `json:"data_lost"`
+	RemovedBehind   int64 `json:"removed_behind"`
+	CreatedBehind   int64 `json:"created_behind"`
+	CreatedWithData int64 `json:"created_with_data"`
+	BehindBatches   int64 `json:"behind_batches"`
+	DirtyBytes      int64 `json:"dirty_bytes"`
+	Requests        int64 `json:"requests"`
+	Servers         int   `json:"servers"`
 }
 
 // mountStats returns a mount's client id and counters.
 func mountStats(t testing.TB, m *mount) (id string, _ mountCounters) {
 	t.Helper()
 	var st struct {
-		Client string
-		Stats  mountCounters
+		Client string        `json:"client"`
+		Stats  mountCounters `json:"stats"`
 	}
 	out := admin(t, "--mount", m.dir, "status", "--json")
 	if err := json.Unmarshal([]byte(out), &st); err != nil || !strings.HasPrefix(st.Client, "client:") {

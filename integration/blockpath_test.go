@@ -24,13 +24,19 @@ func blocksListen(s *server) string {
 // its status socket, and checks its status xattr says the same.
 func mountBlockPath(t *testing.T, m *mount) string {
 	t.Helper()
-	var st struct{ Stats struct{ Blocks string } }
+	var st struct {
+		Stats struct {
+			Blocks string `json:"blocks"`
+		} `json:"stats"`
+	}
 	out := admin(t, "--mount", m.dir, "status", "--json")
 	must(t, json.Unmarshal([]byte(out), &st))
 	buf := make([]byte, 64<<10)
 	n, err := syscall.Getxattr(m.dir, "user.leasefs.status", buf)
 	must(t, err)
-	var x struct{ Blocks string }
+	var x struct {
+		Blocks string `json:"blocks"`
+	}
 	must(t, json.Unmarshal(buf[:n], &x))
 	if x.Blocks != st.Stats.Blocks {
 		t.Errorf("status xattr says %q, status socket %q", x.Blocks, st.Stats.Blocks)

@@ -238,11 +238,11 @@ func testFlockAcrossClients(t *testing.T, a, b *mount) {
 }
 
 type clientStatus struct {
-	Requests   int64
-	Hits       int64
-	DataLost   int64
-	ReclaimsOK int64
-	Prefetches int64
+	Requests   int64 `json:"requests"`
+	Hits       int64 `json:"cache_hits"`
+	DataLost   int64 `json:"data_lost"`
+	ReclaimsOK int64 `json:"reclaims_ok"`
+	Prefetches int64 `json:"prefetches"`
 }
 
 func mountStatus(t *testing.T, dir string) clientStatus {

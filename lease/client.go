@@ -27,11 +27,12 @@ type Client struct {
 
 // ClientStats counts what the client sent.
 type ClientStats struct {
-	Requests       uint64 // every request sent, renewals included
-	Renewals       uint64 // explicit renewals among them
-	Acks, Nacks    uint64
-	StaleAcks      uint64 // replies to requests sent before a NACK, ignored
-	LapsesObserved uint64 // NeedsRenewal found the lease already expired
+	Requests       uint64 `json:"requests"` // every request sent, renewals included
+	Renewals       uint64 `json:"renewals"` // explicit renewals among them
+	Acks           uint64 `json:"acks"`
+	Nacks          uint64 `json:"nacks"`
+	StaleAcks      uint64 `json:"stale_acks"`      // replies to requests sent before a NACK, ignored
+	LapsesObserved uint64 `json:"lapses_observed"` // NeedsRenewal found the lease already expired
 }
 
 // NewClient returns a lease that is not yet valid: the first acknowledged

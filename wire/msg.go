@@ -320,6 +320,27 @@ const (
 	LockExclusive
 )
 
+// MarshalText names the mode in JSON: "none", "shared", "exclusive".
+func (m LockMode) MarshalText() ([]byte, error) {
+	if int(m) >= len(lockModeWords) {
+		return nil, fmt.Errorf("wire: lock mode %d", m)
+	}
+	return []byte(lockModeWords[m]), nil
+}
+
+// UnmarshalText reads what MarshalText wrote.
+func (m *LockMode) UnmarshalText(b []byte) error {
+	for i, w := range lockModeWords {
+		if string(b) == w {
+			*m = LockMode(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("wire: lock mode %q", b)
+}
+
+var lockModeWords = [...]string{LockNone: "none", LockShared: "shared", LockExclusive: "exclusive"}
+
 func (m LockMode) String() string {
 	switch m {
 	case LockNone:
@@ -608,9 +629,9 @@ type StatFs struct {
 // Grant is a data lock granted to the client. Seq orders grants and
 // revocations of one inode, which may arrive out of order.
 type Grant struct {
-	Ino  ids.Ino
-	Mode LockMode
-	Seq  uint64
+	Ino  ids.Ino  `json:"ino"`
+	Mode LockMode `json:"mode"`
+	Seq  uint64   `json:"seq"`
 }
 
 // Reply sections present, as bits of a presence mask.

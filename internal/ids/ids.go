@@ -1,7 +1,11 @@
 // Package ids defines the typed identifiers shared by client and server.
 package ids
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
 
 // Ino is an inode number. The top byte is the id of the server that allocated
 // it, the rest a counter persisted by that server, so servers allocate inode
@@ -34,6 +38,20 @@ func (c ClientID) String() string { return fmt.Sprintf("client:%016x", uint64(c)
 type SessionID uint64
 
 func (s SessionID) String() string { return fmt.Sprintf("session:%d", uint64(s)) }
+
+// MarshalText makes a session id a string in JSON ("session:N"): 64-bit
+// numbers lose precision in JavaScript and jq.
+func (s SessionID) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads what MarshalText wrote.
+func (s *SessionID) UnmarshalText(b []byte) error {
+	n, err := strconv.ParseUint(strings.TrimPrefix(string(b), "session:"), 10, 64)
+	if err != nil {
+		return fmt.Errorf("ids: session id %q", b)
+	}
+	*s = SessionID(n)
+	return nil
+}
 
 // Epoch is an inode's ownership epoch: the PaxosLease ballot that made the
 // current owner. Replicas reject records from older epochs.
