@@ -62,6 +62,7 @@ func (c *Client) fetch(ctx context.Context, ino ids.Ino, start, end, gen uint64,
 		f.info.version = rep.Attr.Version
 	}
 	if inline(op, rep) {
+		c.Counters.ReadBytes.Add(int64(len(rep.Data)))
 		f.data = rep.Data
 		f.recycle = func() { transport.Recycle(rep.Encoded()) }
 		return f, nil
@@ -146,6 +147,7 @@ func (c *Client) fetchBlocks(ctx context.Context, st blocks.Store, ino ids.Ino, 
 		f.recycle()
 		return fetched{}, err
 	}
+	c.Counters.ReadBytes.Add(int64(n))
 	if fill && !c.streams(st, end-start) {
 		c.withCache(func(ch *cache.Cache) {
 			ch.PutData(ino, start, f.data, n < end-start, w.version, gen)

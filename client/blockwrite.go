@@ -166,6 +166,7 @@ func (w *writeBack) putBlock(ctx context.Context, st blocks.Store, b *packedBloc
 	}
 	b.put = true
 	w.c.Counters.BlocksPut.Add(1)
+	w.c.Counters.WrittenBytes.Add(int64(len(data)))
 	return nil
 }
 

@@ -47,6 +47,9 @@ type Config struct {
 	// BlocksRemote makes the client reach block stores through their
 	// servers' endpoints even where it could open the directory itself.
 	BlocksRemote bool
+	// ObserveRequest, if set, is told of every answered request: its
+	// operation, the reply's code and the round trip (mount metrics).
+	ObserveRequest func(op wire.Op, code wire.Code, d time.Duration)
 }
 
 // DefaultConfig returns a hard-mount configuration.
@@ -90,6 +93,8 @@ type Counters struct {
 	LocksEvicted                                     atomic.Int64 // locks the cache dropped for space, given back
 	BlocksBad                                        atomic.Int64 // blocks read missing or corrupt (EIO)
 	BlocksPut                                        atomic.Int64 // blocks this mount wrote to the block store
+	ReadBytes                                        atomic.Int64 // file data fetched (servers, block store)
+	WrittenBytes                                     atomic.Int64 // file data sent (writes, blocks put)
 }
 
 // Client is one mount's connection to leasefs.
@@ -263,6 +268,8 @@ type Stats struct {
 	ReclaimsRefused int64             `json:"reclaims_refused"`
 	DataLost        int64             `json:"data_lost"`
 	Prefetches      int64             `json:"prefetches"`
+	ReadBytes       int64             `json:"read_bytes"`    // file data fetched
+	WrittenBytes    int64             `json:"written_bytes"` // file data sent
 	// Blocks is the path to the home server's block store: "local DIR",
 	// "remote URL" or "none".
 	Blocks string `json:"blocks"`
@@ -279,7 +286,8 @@ func (c *Client) Stats() Stats {
 		Requests: c.Counters.Requests.Load(), NacksReceived: c.Counters.NacksReceived.Load(),
 		Recoveries: c.Counters.Recoveries.Load(), Revocations: c.Counters.Revocations.Load(),
 		Redirects: c.Counters.Redirects.Load(), RemovedBehind: c.Counters.RemovedBehind.Load(), CreatedBehind: c.Counters.CreatedBehind.Load(), CreatedWithData: c.Counters.CreatedWithData.Load(), BehindBatches: c.Counters.BehindBatches.Load(), ReclaimsOK: c.Counters.ReclaimsOK.Load(), ReclaimsRefused: c.Counters.ReclaimsRefused.Load(),
-		DataLost: c.Counters.DataLost.Load(), Prefetches: c.Counters.Prefetches.Load()}
+		DataLost: c.Counters.DataLost.Load(), Prefetches: c.Counters.Prefetches.Load(),
+		ReadBytes: c.Counters.ReadBytes.Load(), WrittenBytes: c.Counters.WrittenBytes.Load()}
 	if home.lease != nil {
 		st.LeaseStats = home.lease.Stats()
 	}

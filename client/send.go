@@ -221,6 +221,14 @@ func (c *Client) attempt(ctx, sctx context.Context, cn *conn, req *wire.Request,
 	answered := c.rel.sent()
 	rep, err := c.roundTrip(ctx, sctx, cn, s.h, head, req.Data)
 	c.seqs.done(s.h.Seq)
+	if err == nil {
+		if f := c.cfg.ObserveRequest; f != nil {
+			f(req.Op, rep.Code, c.clk.Now().Sub(s.at))
+		}
+		if req.Op == wire.OpWrite && rep.Code == wire.CodeOK {
+			c.Counters.WrittenBytes.Add(int64(len(req.Data)))
+		}
+	}
 	if err != nil || rep.Code == wire.CodeNack {
 		answered()
 	}

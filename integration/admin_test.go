@@ -399,3 +399,43 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestMountMetrics: mount --metrics serves the mount's own metrics: its
+// requests by operation and result, cache, lease renewals, bytes.
+func TestMountMetrics(t *testing.T) {
+	s := startServer(t)
+	addr := testnet.TCPAddr(t)
+	m := startMount(t, s, "--metrics", addr)
+	if _, err := os.Stat(filepath.Join(m.dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stat of a missing name: %v", err)
+	}
+	must(t, os.WriteFile(filepath.Join(m.dir, "f"), bytes.Repeat([]byte("x"), 1000), 0o644))
+	must(t, m.sync())
+	resp, err := http.Get("http://" + addr + "/metrics")
+	must(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	must(t, err)
+	for _, want := range []string{
+		`leasefs_mount_request_duration_seconds_count{op="lookup",result="enoent"}`,
+		`leasefs_mount_request_duration_seconds_count{op="write",result="ok"} 1`,
+		"leasefs_mount_written_bytes_total 1000", "leasefs_mount_cache_hits_total ",
+		"leasefs_mount_lease_renewals_implicit_total ", "leasefs_mount_lease_renewals_explicit_total ",
+		"leasefs_mount_nacks_received_total 0", "leasefs_mount_dirty_bytes 0", `leasefs_build_info{`, "go_goroutines ",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("mount /metrics lacks %q:\n%s", want, grepLines(string(body), "leasefs_mount"))
+		}
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

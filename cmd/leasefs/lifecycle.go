@@ -106,8 +106,9 @@ func ourMount(mp string, before []mounts.Mount) (mounts.Mount, bool) {
 }
 
 // mountAndServe connects, mounts and serves until unmount or signal, then
-// stops within lf.stopTimeout.
-func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, log *slog.Logger, lf lifeFlags) error {
+// stops within lf.stopTimeout. A metrics address serves the mount's
+// metrics there (mountmetrics.go).
+func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, log *slog.Logger, lf lifeFlags, metrics string) error {
 	if err := lf.validate(); err != nil {
 		return err
 	}
@@ -122,10 +123,24 @@ func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, 
 	defer signal.Stop(sigs)
 	ctx, stopConnecting := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	cfg.Mountpoint = mp
+	mm := newMountMetrics()
+	if metrics != "" {
+		cfg.ObserveRequest = mm.observe
+	}
 	c, err := client.New(ctx, cfg)
 	stopConnecting()
 	if err != nil {
 		return err
+	}
+	if metrics != "" {
+		stopMetrics, err := serveMountMetrics(metrics, c, mm, log)
+		if err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), lf.stopTimeout)
+			defer cancel()
+			_ = c.Shutdown(ctx)
+			return fmt.Errorf("--metrics: %w", err)
+		}
+		defer stopMetrics()
 	}
 	stopStatus := serveMountStatus(c, mp, log) // leasefs admin --mount (admin.go)
 	defer stopStatus()

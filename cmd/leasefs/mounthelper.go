@@ -29,6 +29,7 @@ var mountOptions = map[string]string{
 	"log_format":       "--log-format",
 	"ro":               "--read-only",
 	"allow_stacked":    "--allow-stacked",
+	"metrics":          "--metrics",
 }
 
 // ignoredOptions are fstab options for mount(8), systemd or the kernel's
