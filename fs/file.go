@@ -80,9 +80,7 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	if changed {
 		// the kernel keeps the mode it had: a direct write changes
 		// only its size and times (offset -1: attributes only)
-		if srv := h.n.mnt.srv.Load(); srv != nil {
-			_ = srv.InodeNotify(uint64(h.n.ino()), -1, 0)
-		}
+		h.n.mnt.notify(h.n.ino(), -1, 0)
 	}
 	if err != nil {
 		return 0, toErrno(err)

@@ -17,13 +17,19 @@ import (
 type MountOptions struct {
 	Debug    bool // log every FUSE request
 	ReadOnly bool // the kernel refuses every change with EROFS
-	Logger   *slog.Logger
+	// Root is the directory mounted as the mount's root (0: the file
+	// system's own).
+	Root   ids.Ino
+	Logger *slog.Logger
 }
 
 // Mount mounts the leasefs client c at dir and returns the running FUSE
 // server; the caller waits on it and unmounts it.
 func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
-	mnt := &mountState{owner: uint32(os.Geteuid()), x: &extras{}}
+	if o.Root == 0 {
+		o.Root = ids.RootIno
+	}
+	mnt := &mountState{owner: uint32(os.Geteuid()), x: &extras{}, root: o.Root}
 	root := &Node{c: c, mnt: mnt}
 	// Zero timeouts until a data lock covers what the kernel caches: another
 	// client may change any entry or attribute at any moment. A reply sets
@@ -36,7 +42,7 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		// Node ids are inode numbers, so a revocation can name the inode
 		// whose kernel caches it must drop.
 		ExternalNodeID: true,
-		RootStableAttr: &gofs.StableAttr{Ino: uint64(ids.RootIno)},
+		RootStableAttr: &gofs.StableAttr{Ino: uint64(o.Root)},
 		// Modes as stored: without this go-fuse serves a mode with no
 		// permission bits (chmod 000) as 0644 or 0755.
 		NullPermissions: true,
@@ -101,13 +107,9 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 		}
 	}
 	invalidate := func(ino ids.Ino) {
-		srv := mnt.srv.Load()
-		if srv == nil {
-			return // not mounted yet: the kernel has nothing cached
-		}
 		// Pages and attributes; ENOENT only means the kernel has
 		// nothing cached for it.
-		_ = srv.InodeNotify(uint64(ino), 0, 0)
+		mnt.notify(ino, 0, 0)
 		// a directory's names, or one the kernel may know under another
 		// node (the root is not in known)
 		if v, ok := mnt.known.Load(ino); !ok || v.(*Node).IsDir() {
@@ -120,15 +122,14 @@ func Mount(dir string, c *client.Client, o MountOptions) (*fuse.Server, error) {
 	// working directory or open. Offset -1: attributes only, which takes
 	// no page lock.
 	dropKernel := func() {
-		srv := mnt.srv.Load()
-		if srv == nil {
+		if mnt.srv.Load() == nil {
 			return
 		}
 		forgetNames()
-		_ = srv.InodeNotify(uint64(ids.RootIno), -1, 0)
+		mnt.notify(mnt.root, -1, 0)
 		mnt.known.Range(func(k, v any) bool {
 			if n := v.(*Node); n.IsDir() || n.opens.Load() > 0 {
-				_ = srv.InodeNotify(uint64(k.(ids.Ino)), -1, 0)
+				mnt.notify(k.(ids.Ino), -1, 0)
 			}
 			return true
 		})

@@ -42,6 +42,26 @@ type mountState struct {
 	srv   atomic.Pointer[fuse.Server]
 	owner uint32  // the uid the mount runs as: it and root may read StatusXattr
 	x     *extras // what the kernel sent with requests in flight
+	root  ids.Ino // the directory mounted as the root (MountOptions.Subdir)
+}
+
+// notify tells the kernel to drop what it caches of ino (InodeNotify's
+// off and length): node ids are inode numbers but for the mount's root,
+// which the kernel knows as node 1. A subdirectory mount's kernel knows
+// nothing of the file system's own root.
+func (m *mountState) notify(ino ids.Ino, off, length int64) {
+	srv := m.srv.Load()
+	if srv == nil {
+		return // not mounted yet: the kernel has nothing cached
+	}
+	node := uint64(ino)
+	switch {
+	case ino == m.root:
+		node = fuse.FUSE_ROOT_ID
+	case ino == ids.RootIno:
+		return
+	}
+	_ = srv.InodeNotify(node, off, length)
 }
 
 var _ = (gofs.NodeOnForgetter)((*Node)(nil))

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/internal/version"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -105,10 +106,15 @@ func ourMount(mp string, before []mounts.Mount) (mounts.Mount, bool) {
 	return mounts.Mount{}, false
 }
 
+// mountExtras are what only `leasefs mount` asks of mountAndServe.
+type mountExtras struct {
+	metrics string // serve the mount's metrics there (mountmetrics.go)
+	subdir  string // mount this directory of the file system as the root
+}
+
 // mountAndServe connects, mounts and serves until unmount or signal, then
-// stops within lf.stopTimeout. A metrics address serves the mount's
-// metrics there (mountmetrics.go).
-func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, log *slog.Logger, lf lifeFlags, metrics string) error {
+// stops within lf.stopTimeout.
+func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, log *slog.Logger, lf lifeFlags, ex mountExtras) error {
 	if err := lf.validate(); err != nil {
 		return err
 	}
@@ -124,21 +130,32 @@ func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, 
 	ctx, stopConnecting := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	cfg.Mountpoint = mp
 	mm := newMountMetrics()
-	if metrics != "" {
+	if ex.metrics != "" {
 		cfg.ObserveRequest = mm.observe
 	}
 	c, err := client.New(ctx, cfg)
-	stopConnecting()
 	if err != nil {
+		stopConnecting()
 		return err
 	}
-	if metrics != "" {
-		stopMetrics, err := serveMountMetrics(metrics, c, mm, log)
+	shutdown := func(err error) error {
+		ctx, cancel := context.WithTimeout(context.Background(), lf.stopTimeout)
+		defer cancel()
+		_ = c.Shutdown(ctx)
+		return err
+	}
+	if ex.subdir != "" {
+		opts.Root, err = lookupDir(ctx, c, ex.subdir)
 		if err != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), lf.stopTimeout)
-			defer cancel()
-			_ = c.Shutdown(ctx)
-			return fmt.Errorf("--metrics: %w", err)
+			stopConnecting()
+			return shutdown(err)
+		}
+	}
+	stopConnecting()
+	if ex.metrics != "" {
+		stopMetrics, err := serveMountMetrics(ex.metrics, c, mm, log)
+		if err != nil {
+			return shutdown(fmt.Errorf("--metrics: %w", err))
 		}
 		defer stopMetrics()
 	}
@@ -147,10 +164,7 @@ func mountAndServe(cfg client.Config, mountpoint string, opts lfs.MountOptions, 
 	opts.Logger = log
 	srv, err := lfs.Mount(mp, c, opts)
 	if err != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), lf.stopTimeout)
-		defer cancel()
-		_ = c.Shutdown(ctx)
-		return err
+		return shutdown(err)
 	}
 	m := &mounted{srv: srv, c: c, point: mp, log: log, done: make(chan struct{}), gone: make(chan struct{}), stopStatus: stopStatus}
 	if mi, ok := ourMount(mp, before); ok {
@@ -418,4 +432,27 @@ func (m *mounted) now() {
 		os.Exit(1)
 	}
 	os.Exit(0)
+}
+
+// lookupDir returns the inode of the directory at path, from the file
+// system's root: --subdir's.
+func lookupDir(ctx context.Context, c *client.Client, path string) (ids.Ino, error) {
+	ino := ids.RootIno
+	for _, name := range strings.Split(strings.Trim(path, "/"), "/") {
+		if name == "" || name == "." {
+			continue
+		}
+		if name == ".." {
+			return 0, fmt.Errorf("--subdir %s: no .. in it, please", path)
+		}
+		a, err := c.Lookup(ctx, ino, name)
+		if err != nil {
+			return 0, fmt.Errorf("--subdir %s: %s: %w", path, name, err)
+		}
+		if a.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			return 0, fmt.Errorf("--subdir %s: %s is not a directory", path, name)
+		}
+		ino = a.Ino
+	}
+	return ino, nil
 }

@@ -23,7 +23,7 @@ func runMount(argv []string) error {
 			"DATA LOST. A MOUNTPOINT that already has a mount on it is refused (--allow-stacked).")
 	var tokenFile, token, faults string
 	var debug, background, readOnly bool
-	var metrics string
+	var ex mountExtras
 	var logging logFlags
 	var life lifeFlags
 	fs.StringSliceVar(&cfg.Servers, "server", nil, "server address HOST:PORT, or several of one cluster (A,B,C or repeated): requests go to the first that answers,\nor to the server that owns their inode if one redirects there; on failure to the next (required)")
@@ -36,7 +36,8 @@ func runMount(argv []string) error {
 	cpus := fs.Int("cpus", 0, "CPUs the mount's own work may use at once (Go's GOMAXPROCS); 0: half of this machine's, at least 1,\nleaving the rest to the applications it serves (or GOMAXPROCS from the environment)")
 	fs.BoolVar(&background, "background", false, "return once mounted, serving the mount from a process of its own; it logs to --log-file, else to\nthis command's stderr unless a terminal, else to /var/log/leasefs/mount-DIR.log (~/.local/state/leasefs as a user)")
 	fs.BoolVar(&readOnly, "read-only", false, "mount read-only: writes fail with EROFS")
-	fs.StringVar(&metrics, "metrics", "", "HOST:PORT to serve this mount's Prometheus metrics on, at /metrics (plain HTTP: prefer a loopback address)")
+	fs.StringVar(&ex.subdir, "subdir", "", "mount this directory of the file system (a path from its root) as MOUNTPOINT's root")
+	fs.StringVar(&ex.metrics, "metrics", "", "HOST:PORT to serve this mount's Prometheus metrics on, at /metrics (plain HTTP: prefer a loopback address)")
 	fs.BoolVar(&debug, "fuse-debug", false, "log every FUSE request")
 	fs.StringVar(&faults, "faults", "", "inject transport faults (testing only)")
 	_ = fs.MarkHidden("faults")
@@ -99,7 +100,7 @@ func runMount(argv []string) error {
 			return fmt.Errorf("--faults: %w", err)
 		}
 	}
-	return mountAndServe(cfg, fs.Arg(0), lfs.MountOptions{Debug: debug, ReadOnly: readOnly}, log, life, metrics)
+	return mountAndServe(cfg, fs.Arg(0), lfs.MountOptions{Debug: debug, ReadOnly: readOnly}, log, life, ex)
 }
 
 // mountCPUs is the mount's default GOMAXPROCS: half the CPUs Go would

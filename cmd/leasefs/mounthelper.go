@@ -30,6 +30,7 @@ var mountOptions = map[string]string{
 	"ro":               "--read-only",
 	"allow_stacked":    "--allow-stacked",
 	"metrics":          "--metrics",
+	"subdir":           "--subdir",
 }
 
 // ignoredOptions are fstab options for mount(8), systemd or the kernel's

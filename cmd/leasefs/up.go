@@ -80,7 +80,7 @@ func runUp(argv []string) error {
 	ccfg.Logger = f.cfg.Logger
 	fmt.Fprintf(os.Stderr, "leasefs: data lives in %s; mounting at %s; stop with Ctrl-C or 'umount %s'.\n%s\n",
 		dir, rest[0], rest[0], reach(srv.Addr(), filepath.Join(dir, "token")))
-	return mountAndServe(ccfg, rest[0], lfs.MountOptions{}, f.cfg.Logger, life, "")
+	return mountAndServe(ccfg, rest[0], lfs.MountOptions{}, f.cfg.Logger, life, mountExtras{})
 }
 
 // reach says who can mount a server listening on addr: this machine only
