@@ -1,8 +1,9 @@
 // Package blocks stores file data as immutable blocks, apart from the
 // metadata servers: a directory (FileStore), a directory reached through
-// its server over HTTPS (Handler and RemoteStore), and later an object
-// store, all behind one Store interface shaped to fit S3 (whole-object
-// puts, range reads, list by prefix, delete; no rename, no append).
+// its server over HTTPS (Handler and RemoteStore), and an S3-compatible
+// object store (S3Store), all behind one Store interface shaped to fit S3
+// (whole-object puts, range reads, list by prefix, delete; no rename, no
+// append).
 //
 // # Blocks
 //
@@ -16,7 +17,9 @@
 //
 // Put returns nil only once the block is durable (for FileStore: written
 // to a temp file, synced, renamed into place, its directories synced; over
-// HTTP: the server's Put returned before the 200). No reader ever sees a
+// HTTP: the server's Put returned before the 200; S3Store: the object
+// store answered the PUT, which it checked against the block's CRC-32C).
+// No reader ever sees a
 // part of a block under its name. A writer may commit a block map that
 // references a block only after its Put returned nil.
 //
