@@ -52,6 +52,18 @@ func BenchmarkRemoteStoreReadAt(b *testing.B) {
 	b.Run("http2", func(b *testing.B) { benchReadAt(b, bs.remoteH2(b), false) })
 }
 
+// The S3 benchmarks run against versitygw on the loopback, its posix
+// backend on a temp directory; the CPU reported is this process's only.
+func BenchmarkS3StorePut(b *testing.B) {
+	s, _ := openS3(b, "")
+	benchPut(b, s)
+}
+
+func BenchmarkS3StoreReadAt(b *testing.B) {
+	s, _ := openS3(b, "")
+	benchReadAt(b, s, false)
+}
+
 func benchPut(b *testing.B, s Store) {
 	ctx := context.Background()
 	data := randBytes(benchBlock, 1)

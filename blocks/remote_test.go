@@ -103,6 +103,8 @@ func TestRemoteRoundTrip(t *testing.T) {
 	t.Run("http2", func(t *testing.T) { testRoundTrip(t, bs, bs.remoteH2(t), 2) })
 }
 
+func TestRemoteContract(t *testing.T) { testStoreContract(t, startServer(t).remote(t)) }
+
 func testRoundTrip(t *testing.T, bs *blockServer, r *RemoteStore, proto int) {
 	ctx := context.Background()
 	data := randBytes(MaxBlock-777, 5)
