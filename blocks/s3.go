@@ -207,7 +207,14 @@ func (s *S3Store) probe(ctx context.Context) (step string, err error) {
 	if err := s.putObject(ctx, key, data); err != nil {
 		return "put", err
 	}
-	defer s.client.RemoveObject(context.WithoutCancel(ctx), s.bucket, key, minio.RemoveObjectOptions{})
+	defer func() {
+		// gone already if the probe passed; otherwise a try, bounded
+		if err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			s.client.RemoveObject(rctx, s.bucket, key, minio.RemoveObjectOptions{})
+		}
+	}()
 	got := make([]byte, len(data)+1)
 	n, err := s.readAt(ctx, key, got, 0)
 	if err != io.EOF || !bytes.Equal(got[:n], data) {
