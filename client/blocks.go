@@ -62,13 +62,15 @@ func (nb *connBlocks) close() {
 }
 
 // openBlocks picks the fastest path to the block store bs of the server
-// the client reached at serverAddr.
+// the client reached at serverAddr: a directory the mount sees too is
+// opened, any other store (another host's directory, an object store) is
+// reached through the server's endpoint.
 func (c *Client) openBlocks(serverAddr string, bs wire.BlockStore) *connBlocks {
 	nb := &connBlocks{announced: bs, path: "none"}
-	if bs.Kind != "file" {
+	if bs.Kind == "" {
 		return nb
 	}
-	if !c.cfg.BlocksRemote {
+	if bs.Kind == "file" && !c.cfg.BlocksRemote {
 		fs, err := blocks.OpenFileStoreIfSame(bs.Dir, bs.StoreID)
 		if err == nil {
 			fs.SetKeepFree(int64(bs.KeepFree))

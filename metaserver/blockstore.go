@@ -25,11 +25,14 @@ import (
 // than wire.InlineMax. The server itself puts and reads blocks for the
 // writes and reads that come through the QUIC path (ops_blockdata.go).
 type blockServer struct {
-	store *blocks.FileStore
-	// put is store for the server's own Puts: guarded when store is on
-	// the data directory's file system (guardedStore).
-	put    blocks.Store
+	store blocks.Store
+	// put is store for the server's own Puts: guarded when store is a
+	// directory on the data directory's file system (guardedStore).
+	put blocks.Store
+	// dir is a file store's directory ("" for an object store), which
+	// mounts on this host may open themselves.
 	dir    string
+	name   string // the store as Config.Blocks named it, for logs
 	signer *blocks.Signer
 	http   *http.Server
 	ln     net.Listener
@@ -44,13 +47,27 @@ type blockServer struct {
 	used   blockUsage
 }
 
-// parseBlocksSpec reads Config.Blocks: "file:DIR".
-func parseBlocksSpec(spec string) (dir string, err error) {
+// blocksSpec is Config.Blocks read: "file:DIR" or "s3://BUCKET[/PREFIX]".
+type blocksSpec struct {
+	kind           string // "file" or "s3"
+	dir            string
+	bucket, prefix string
+}
+
+// parseBlocksSpec reads Config.Blocks.
+func parseBlocksSpec(spec string) (blocksSpec, error) {
+	if strings.HasPrefix(spec, "s3:") {
+		bucket, prefix, err := blocks.ParseS3Spec(spec)
+		if err != nil {
+			return blocksSpec{}, fmt.Errorf("metaserver: block store: %w", err)
+		}
+		return blocksSpec{kind: "s3", bucket: bucket, prefix: prefix}, nil
+	}
 	kind, dir, ok := strings.Cut(spec, ":")
 	if !ok || kind != "file" || dir == "" {
-		return "", fmt.Errorf("metaserver: block store %q: want file:DIR", spec)
+		return blocksSpec{}, fmt.Errorf("metaserver: block store %q: want file:DIR or s3://BUCKET[/PREFIX]", spec)
 	}
-	return dir, nil
+	return blocksSpec{kind: "file", dir: dir}, nil
 }
 
 // blocksListen is where the endpoint listens: cfg.BlocksListen, else the
@@ -67,21 +84,16 @@ func blocksListen(cfg *Config) (addr string, explicit bool) {
 // with the cluster certificate; capabilities are checked under a key
 // derived from the cluster secret (transport.Token.BlockKey).
 func startBlocks(cfg *Config, id *transport.Identity) (*blockServer, error) {
-	dir, err := parseBlocksSpec(cfg.Blocks)
+	spec, err := parseBlocksSpec(cfg.Blocks)
 	if err != nil {
 		return nil, err
 	}
-	// absolute: mounts on this host open the directory by this name
-	if dir, err = filepath.Abs(dir); err != nil {
-		return nil, fmt.Errorf("metaserver: block store %s: %w", cfg.Blocks, err)
-	}
-	st, err := blocks.OpenFileStore(dir)
-	if err != nil {
-		return nil, fmt.Errorf("metaserver: block store %s: %w", cfg.Blocks, err)
+	b := &blockServer{name: cfg.Blocks, done: make(chan struct{})}
+	if err := b.open(cfg, spec); err != nil {
+		return nil, err
 	}
 	key := id.TokenValue().BlockKey()
-	signer, err := blocks.NewSigner(key[:], nil)
-	if err != nil {
+	if b.signer, err = blocks.NewSigner(key[:], nil); err != nil {
 		return nil, err
 	}
 	addr, explicit := blocksListen(cfg)
@@ -95,9 +107,9 @@ func startBlocks(cfg *Config, id *transport.Identity) (*blockServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metaserver: block endpoint: listen on %s: %w", addr, err)
 	}
-	b := &blockServer{store: st, dir: dir, signer: signer, ln: ln, done: make(chan struct{}),
-		http: blocks.NewHTTPServer(blocks.Handler(st, signer), id.Cert)}
-	b.wire = wire.BlockStore{Kind: "file", Dir: dir, StoreID: st.StoreID(), Addr: advertised(ln.Addr())}
+	b.ln = ln
+	b.http = blocks.NewHTTPServer(blocks.Handler(b.store, b.signer), id.Cert)
+	b.wire.Addr = advertised(ln.Addr())
 	go func() {
 		defer close(b.done)
 		if err := b.http.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -105,6 +117,34 @@ func startBlocks(cfg *Config, id *transport.Identity) (*blockServer, error) {
 		}
 	}()
 	return b, nil
+}
+
+// open opens the store spec names and sets what session opens announce
+// of it but its address. Mounts reach an object store's blocks through
+// the server's endpoint, as they reach a directory on another host.
+func (b *blockServer) open(cfg *Config, spec blocksSpec) error {
+	if spec.kind == "s3" {
+		st, err := blocks.OpenS3Store(context.Background(), blocks.S3Config{Endpoint: cfg.S3Endpoint,
+			Bucket: spec.bucket, Prefix: spec.prefix, Region: cfg.S3Region})
+		if err != nil {
+			return fmt.Errorf("metaserver: block store %s: %w", cfg.Blocks, err)
+		}
+		b.store, b.put = st, st
+		b.wire = wire.BlockStore{Kind: "s3", Dir: st.String()}
+		return nil
+	}
+	// absolute: mounts on this host open the directory by this name
+	dir, err := filepath.Abs(spec.dir)
+	if err != nil {
+		return fmt.Errorf("metaserver: block store %s: %w", cfg.Blocks, err)
+	}
+	st, err := blocks.OpenFileStore(dir)
+	if err != nil {
+		return fmt.Errorf("metaserver: block store %s: %w", cfg.Blocks, err)
+	}
+	b.store, b.put, b.dir = st, st, dir
+	b.wire = wire.BlockStore{Kind: "file", Dir: dir, StoreID: st.StoreID()}
+	return nil
 }
 
 // guardedStore is a block store on the data directory's file system: its
@@ -126,8 +166,11 @@ func (g guardedStore) Put(ctx context.Context, id blocks.ID, data []byte) error 
 }
 
 // guardPuts sets b.put: guarded by st if b's directory is on the file
-// system of the data directory dataDir.
+// system of the data directory dataDir (an object store is not).
 func (b *blockServer) guardPuts(st *store.Store, dataDir string) error {
+	if b.dir == "" {
+		return nil
+	}
 	var bst, dst syscall.Stat_t
 	if err := syscall.Stat(b.dir, &bst); err != nil {
 		return fmt.Errorf("metaserver: block store %s: %w", b.dir, err)
@@ -135,7 +178,6 @@ func (b *blockServer) guardPuts(st *store.Store, dataDir string) error {
 	if err := syscall.Stat(dataDir, &dst); err != nil {
 		return fmt.Errorf("metaserver: data directory %s: %w", dataDir, err)
 	}
-	b.put = b.store
 	if bst.Dev == dst.Dev {
 		b.put = guardedStore{b.store, st}
 	}
@@ -338,7 +380,7 @@ func (b *blockServer) countUsage(log interface{ Warn(string, ...any) }) blocks.U
 	defer cancel()
 	u, err := b.store.Usage(ctx)
 	if err != nil {
-		log.Warn("block store: counting its usage failed", "dir", b.dir, "err", err)
+		log.Warn("block store: counting its usage failed", "blocks", b.name, "err", err)
 		return blocks.Usage{Free: -1}
 	}
 	return u

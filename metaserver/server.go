@@ -68,12 +68,16 @@ type Config struct {
 	// server joining a cluster): a fresh data directory takes it, one that
 	// holds another cluster's identity refuses to start (ErrOtherCluster).
 	Identity *transport.Identity
-	// Blocks is the block store, "file:DIR" ("": none), served to mounts
-	// on other hosts over TLS at BlocksListen (HOST:PORT over TCP; "":
-	// Listen's host and port). File data larger than wire.InlineMax
-	// lives there.
+	// Blocks is the block store, "file:DIR" or "s3://BUCKET[/PREFIX]"
+	// ("": none), served to mounts on other hosts (and to every mount,
+	// for s3) over TLS at BlocksListen (HOST:PORT over TCP; "": Listen's
+	// host and port). File data larger than wire.InlineMax lives there.
 	Blocks       string
 	BlocksListen string
+	// S3Endpoint (host:port or an http(s) URL) and S3Region say where an
+	// s3 block store is; its credentials come from the AWS environment
+	// variables or shared credentials file (blocks.OpenS3Store).
+	S3Endpoint, S3Region string
 	// OrphanDelay is how old a block no map names must be before the
 	// collector deletes it (0: DefaultOrphanDelay): longer than a mount
 	// takes from putting a block to committing it.
@@ -134,8 +138,12 @@ func (c *Config) Validate() error {
 		return errors.New("metaserver: max sessions must be positive")
 	}
 	if c.Blocks != "" {
-		if _, err := parseBlocksSpec(c.Blocks); err != nil {
+		spec, err := parseBlocksSpec(c.Blocks)
+		if err != nil {
 			return err
+		}
+		if spec.kind == "s3" && c.S3Endpoint == "" {
+			return fmt.Errorf("metaserver: block store %s needs an S3 endpoint", c.Blocks)
 		}
 	}
 	if !c.clustered() {

@@ -587,10 +587,10 @@ type Session struct {
 }
 
 // BlockStore is where a server keeps file blocks, as the session open
-// tells the mount: Kind "file" is a directory (Dir, as the server sees
-// it) whose store id is StoreID, served over HTTPS at Addr (HOST:PORT; a
-// host the server cannot name, as when it listens on 0.0.0.0, is empty
-// and the mount uses the one it reached the server at). Kind "" is none.
+// tells the mount: Kind "file" is a directory (Dir, as the server sees it,
+// store id StoreID), "s3" an object store (Dir s3://BUCKET/PREFIX), both
+// served over HTTPS at Addr (HOST:PORT; an empty host: the one the mount
+// reached the server at, for a server on 0.0.0.0). Kind "" is none.
 type BlockStore struct {
 	Kind, Dir, StoreID, Addr string
 	// KeepFree is the free space a mount's Put into Dir must leave on its

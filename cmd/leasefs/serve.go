@@ -88,7 +88,9 @@ func (f *serveFlags) parse(name, args, desc string, argv []string, own func(*pfl
 	fs.DurationVar(&f.cfg.DeliveryTimeout, "delivery-timeout", f.cfg.DeliveryTimeout, "how long a lock revocation may go unacknowledged before the client is failed; a client flushing the file for it (its requests about the file keep coming) gets this long again after each, up to 30s")
 	fs.StringVar(&f.faults, "faults", "", "inject transport faults, e.g. drop=0.2,dup=0.2,delay=5ms (testing only)")
 	_ = fs.MarkHidden("faults")
-	fs.StringVar(&f.cfg.Blocks, "blocks", "", "block store for file data: file:DIR (default file:DATA/blocks on a single server;\na cluster's servers must all name one directory they share)")
+	fs.StringVar(&f.cfg.Blocks, "blocks", "", "block store for file data: file:DIR, or s3://BUCKET[/PREFIX] with --s3-endpoint (default\nfile:DATA/blocks on a single server; a cluster's servers must all name one store they share)")
+	fs.StringVar(&f.cfg.S3Endpoint, "s3-endpoint", "", "the S3-compatible object store of --blocks s3://...: HOST:PORT or http(s)://HOST:PORT\n(credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or ~/.aws/credentials)")
+	fs.StringVar(&f.cfg.S3Region, "s3-region", "", "the object store's region (default: us-east-1, or the bucket's on AWS)")
 	fs.DurationVar(&f.cfg.OrphanDelay, "orphan-delay", metaserver.DefaultOrphanDelay, "delete a block no file's map names once it is this old\n(left by a mount or server that died between putting and committing it)")
 	_ = fs.MarkHidden("orphan-delay") // tests; the default outlasts any flush
 	fs.StringVar(&f.cfg.BlocksListen, "blocks-listen", "", "HOST:PORT to serve the block store to mounts on other hosts on (HTTPS over TCP;\ndefault: --listen's host and port)")
@@ -132,7 +134,7 @@ func (f *serveFlags) defaultBlocks() error {
 	}
 	if len(f.cfg.Peers) > 1 {
 		return fmt.Errorf("a cluster's servers keep file data in one block store they share: " +
-			"give each --blocks file:DIR, the same directory (on a shared file system) for all")
+			"give each --blocks file:DIR, the same directory (on a shared file system) for all, or the same --blocks s3://BUCKET")
 	}
 	f.cfg.Blocks = "file:" + filepath.Join(f.cfg.Dir, "blocks")
 	return nil
