@@ -277,7 +277,7 @@ func (s *Server) observed(ctx context.Context) transport.Handler {
 		// The op is read first: handle may give the body back for reuse.
 		// A body that is no request counts as op 0, a reply that is none
 		// as a bad message.
-		op, code := wire.Op(0), wire.CodeBadMessage
+		op, code, in := wire.Op(0), wire.CodeBadMessage, len(tr.Body)
 		if h, err := wire.ParseRequestHead(tr.Body); err == nil {
 			op = h.Op
 		}
@@ -286,7 +286,7 @@ func (s *Server) observed(ctx context.Context) transport.Handler {
 		if h, err := wire.ParseReplyHead(out); err == nil {
 			code = h.Code
 		}
-		m.Request(op, code, time.Since(start))
+		m.Request(op, code, time.Since(start), in, len(out))
 		return out
 	}
 }

@@ -157,7 +157,7 @@ func TestAdminAPI(t *testing.T) {
 		t.Errorf("client 2: %+v", *i2)
 	}
 
-	ls := adminJSON[[]admin.LockInfo](t, s, a, "/api/locks")
+	ls := adminJSON[admin.LockPage](t, s, a, "/api/locks").Locks
 	var flock, dataA, dataB bool
 	for _, l := range ls {
 		switch {
@@ -277,7 +277,7 @@ func TestAdminAPI(t *testing.T) {
 		t.Errorf("client 1 after recovery: %+v", cs)
 	}
 	// Its flock was stolen with the rest of its locks.
-	for _, l := range adminJSON[[]admin.LockInfo](t, s, a, "/api/locks") {
+	for _, l := range adminJSON[admin.LockPage](t, s, a, "/api/locks").Locks {
 		if l.Kind == "flock" {
 			t.Errorf("flock survived eviction: %+v", l)
 		}

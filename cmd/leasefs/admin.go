@@ -180,6 +180,9 @@ func runAdmin(argv []string) error {
 	case cmd == "page":
 		body, err = ac.do(ctx, "POST", "/api/login-link")
 		printer = printLoginLink
+	case cmd == "locks":
+		body, err = allLocks(ctx, ac)
+		printer = printLocks
 	case adminGets[cmd] != "":
 		body, err = ac.do(ctx, "GET", adminGets[cmd])
 		printer = adminPrinters[cmd]
@@ -195,7 +198,7 @@ func runAdmin(argv []string) error {
 // adminGets are the server commands that read an API path, and
 // adminPrinters their tables.
 var (
-	adminGets = map[string]string{"status": "/api/status", "clients": "/api/clients", "locks": "/api/locks",
+	adminGets = map[string]string{"status": "/api/status", "clients": "/api/clients",
 		"owners": "/api/owners", "counters": "/api/counters", "checksum": "/api/checksum"}
 	adminPrinters = map[string]func(io.Writer, []byte) error{"status": printStatus, "clients": printClients,
 		"locks": printLocks, "owners": printOwners, "counters": printCounters, "checksum": printChecksum}
@@ -385,13 +388,36 @@ func printClients(w io.Writer, body []byte) error {
 	})
 }
 
+// allLocks reads every page of /api/locks and returns them as one
+// admin.LockPage. A table that changes meanwhile can show a lock twice or
+// miss one that moved between pages.
+func allLocks(ctx context.Context, ac *adminClient) ([]byte, error) {
+	all := admin.LockPage{Locks: []admin.LockInfo{}}
+	for {
+		body, err := ac.do(ctx, "GET", fmt.Sprintf("/api/locks?offset=%d&limit=%d", len(all.Locks), admin.LocksLimitMax))
+		if err != nil {
+			return nil, err
+		}
+		p, err := decode[admin.LockPage](body)
+		if err != nil {
+			return nil, err
+		}
+		all.Locks = append(all.Locks, p.Locks...)
+		if len(p.Locks) == 0 || len(all.Locks) >= p.Total {
+			all.Total, all.Limit = len(all.Locks), len(all.Locks)
+			b, err := json.MarshalIndent(all, "", "  ")
+			return append(b, '\n'), err
+		}
+	}
+}
+
 func printLocks(w io.Writer, body []byte) error {
-	ls, err := decode[[]admin.LockInfo](body)
+	p, err := decode[admin.LockPage](body)
 	if err != nil {
 		return err
 	}
 	return table(w, "INODE\tKIND\tMODE\tCLIENT\tSTATE\tRANGE", func(tw io.Writer) {
-		for _, l := range ls {
+		for _, l := range p.Locks {
 			state := "held"
 			switch {
 			case l.Waiting:

@@ -14,6 +14,7 @@ import (
 	"net/http/pprof"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/leasefs/leasefs/internal/version"
@@ -22,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/metaserver/ownership"
 	"github.com/leasefs/leasefs/transport"
@@ -40,8 +42,11 @@ var (
 // Config configures Serve.
 type Config struct {
 	Listen string // HOST:PORT; "127.0.0.1:0" picks a free loopback port
-	// Refresh is the status page's refresh period (default 2 s).
+	// Refresh is the status page's refresh period (default 2 s), and the
+	// trends' sampling period.
 	Refresh time.Duration
+	// Clock times the trends' sampling (nil: the real clock).
+	Clock clock.Clock
 	// TokenFile names the file that holds the admin token (DATA/admin-token),
 	// for the log.
 	TokenFile string
@@ -79,6 +84,7 @@ type Endpoint struct {
 	m       *Metrics
 	stop    func()
 	auth    *adminAuth
+	trends  *sampler
 }
 
 // Metrics are the Prometheus collectors a server feeds while an endpoint
@@ -86,6 +92,10 @@ type Endpoint struct {
 type Metrics struct {
 	requests    *prometheus.HistogramVec
 	revocations *prometheus.HistogramVec
+	// for the trends: finer latency buckets than the histogram's, and
+	// whole request and reply bodies
+	latency           latencyHist
+	bytesIn, bytesOut atomic.Int64
 }
 
 func newMetrics() *Metrics {
@@ -101,9 +111,13 @@ func newMetrics() *Metrics {
 		}, []string{"result"})}
 }
 
-// Request records one request.
-func (m *Metrics) Request(op wire.Op, code wire.Code, d time.Duration) {
+// Request records one request: its latency d, and the sizes of its body
+// and its reply's.
+func (m *Metrics) Request(op wire.Op, code wire.Code, d time.Duration, in, out int) {
 	m.requests.WithLabelValues(op.String(), code.Short()).Observe(d.Seconds())
+	m.latency.observe(d)
+	m.bytesIn.Add(int64(in))
+	m.bytesOut.Add(int64(out))
 }
 
 // Revocation records one revocation callback's round trip.
@@ -137,7 +151,13 @@ func Serve(cfg Config, src Source, id *transport.Identity, log *slog.Logger) (*E
 	mux.HandleFunc("GET /{$}", a.page)
 	mux.HandleFunc("GET /api/status", jsonOf(src.Status))
 	mux.HandleFunc("GET /api/clients", jsonOf(src.Clients))
-	mux.HandleFunc("GET /api/locks", jsonOf(src.Locks))
+	mux.HandleFunc("GET /api/locks", a.locksAPI)
+	mux.HandleFunc("GET /api/locks/summary", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, summarize(src.Locks(), src.Clients()))
+	})
+	mux.HandleFunc("GET /api/trends", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.trends.trends())
+	})
 	mux.HandleFunc("GET /api/owners", jsonOf(src.Owners))
 	mux.HandleFunc("GET /api/counters", jsonOf(src.Counters))
 	mux.HandleFunc("GET /api/checksum", func(w http.ResponseWriter, r *http.Request) {
@@ -164,6 +184,8 @@ func Serve(cfg Config, src Source, id *transport.Identity, log *slog.Logger) (*E
 	a.http = &http.Server{Handler: a.auth.guard(mux), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	a.stop = src.Observe(a.m)
+	a.trends = newSampler(a.refresh, cfg.Clock, a.totals)
+	a.trends.start()
 	go func() { _ = a.http.Serve(a.ln) }()
 	log.Info("admin endpoint", "listen", ln.Addr().String(), "tls", true, "plain_http", a.auth.plain,
 		"credential", cfg.TokenFile)
@@ -176,6 +198,7 @@ func (a *Endpoint) Addr() net.Addr { return a.ln.Addr() }
 // Close stops the admin endpoint.
 func (a *Endpoint) Close() error {
 	a.stop()
+	a.trends.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	return a.http.Shutdown(ctx)
@@ -393,19 +416,9 @@ var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
 	"mib": func(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) },
 }).Parse(statusHTML))
 
-func (a *Endpoint) page(w http.ResponseWriter, r *http.Request) {
-	data := struct {
-		Status   Status
-		Clients  []ClientInfo
-		Locks    []LockInfo
-		Owners   []OwnerInfo
-		Counters Counters
-		Refresh  int
-		Now      time.Time
-	}{a.src.Status(), a.src.Clients(), a.src.Locks(), a.src.Owners(), a.src.Counters(),
-		max(1, int(a.refresh/time.Second)), time.Now()}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := statusTmpl.Execute(w, data); err != nil {
-		a.log.Warn("admin: render status page", "err", err)
-	}
+// totals reads the counts the trends are made of.
+func (a *Endpoint) totals() trendTotals {
+	c := a.src.Counters()
+	return trendTotals{wall: time.Now(), requests: c.Requests, nacks: c.NacksSent, revocations: c.LocksRevoked,
+		bytesIn: a.m.bytesIn.Load(), bytesOut: a.m.bytesOut.Load(), latency: a.m.latency.snapshot()}
 }

@@ -67,6 +67,12 @@ func (a testEndpoint) adminToken() string { return a.id.TokenValue().Admin().Str
 // on cfg.Listen (default: a loopback port).
 func startAdmin(t *testing.T, cfg Config) (testEndpoint, *syncBuf) {
 	t.Helper()
+	return startAdminOf(t, cfg, fakeSource{})
+}
+
+// startAdminOf runs an endpoint for src as startAdmin does.
+func startAdminOf(t *testing.T, cfg Config, src Source) (testEndpoint, *syncBuf) {
+	t.Helper()
 	id, err := transport.NewIdentity()
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +81,7 @@ func startAdmin(t *testing.T, cfg Config) (testEndpoint, *syncBuf) {
 		cfg.Listen = "127.0.0.1:0"
 	}
 	logs := &syncBuf{}
-	e, err := Serve(cfg, fakeSource{}, id, slog.New(slog.NewTextHandler(logs, nil)))
+	e, err := Serve(cfg, src, id, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

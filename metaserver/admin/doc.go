@@ -5,10 +5,14 @@
 //
 // Endpoints (GET unless noted):
 //
-//	/                    status page (HTML, refreshes itself)
+//	/                    status page (HTML, refreshes itself): summaries, trends, one page of each table
+//	                     (?locks=N, ?owners=N, ?clients=N: the row to start at)
 //	/api/status          Status
 //	/api/clients         []ClientInfo
-//	/api/locks           []LockInfo
+//	/api/locks?offset=N&limit=M   LockPage: M locks (default 1000, at most 10000) from the Nth, and the total
+//	/api/locks/summary   LockSummary: counts by kind, the top clients, the most contended inodes
+//	/api/trends          Trends: request rate, latency, NACKs, revocations, bytes in and out,
+//	                     one sample per refresh period over the last 10 minutes
 //	/api/owners          []OwnerInfo
 //	/api/counters        Counters
 //	/api/checksum        ChecksumInfo (a hash of every replicated record)
