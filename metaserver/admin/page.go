@@ -289,10 +289,10 @@ type statusData struct {
 	Owners   pager[OwnerInfo]
 	Counters Counters
 	Trends   []chart
-	// TrendWindow is how far back the charts reach ("10 min").
-	TrendWindow string
-	Refresh     int
-	Now         time.Time
+	// TrendSpan is how far back the charts reach ("10 min").
+	TrendSpan string
+	Refresh   int
+	Now       time.Time
 }
 
 func (a *Endpoint) page(w http.ResponseWriter, r *http.Request) {
@@ -301,7 +301,7 @@ func (a *Endpoint) page(w http.ResponseWriter, r *http.Request) {
 	data := statusData{Status: a.src.Status(), Clients: pageOf(clients, q, "clients", pageClientRows),
 		Summary: summarize(locks, clients), Locks: pageOf(locks, q, "locks", pageLockRows),
 		Owners: pageOf(a.src.Owners(), q, "owners", pageOwnerRows), Counters: a.src.Counters(),
-		Trends: charts(trends), TrendWindow: fmt.Sprintf("%.0f min", trends.Window.Minutes()),
+		Trends: charts(trends), TrendSpan: span(trends),
 		Refresh: max(1, int(a.refresh/time.Second)), Now: time.Now()}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := statusTmpl.Execute(w, data); err != nil {
@@ -320,10 +320,14 @@ type chart struct {
 // Sparkline size in CSS pixels.
 const sparkW, sparkH = 300, 36
 
-// charts draws the trends: one sparkline each, time running left to
-// right over the whole window, so a young server's line starts midway.
+// minSlots is the fewest samples a chart's width is made for: a young
+// server's first points are not stretched over the whole width.
+const minSlots = 30
+
+// charts draws the trends: one sparkline each, time running left to right
+// over the samples held (at least minSlots periods), the last at the right.
 func charts(t Trends) []chart {
-	slots := max(int(t.Window/max(t.Period, 1)), 2)
+	slots := max(len(t.Samples), minSlots)
 	series := []struct {
 		name string
 		v    func(TrendSample) float64
@@ -376,6 +380,15 @@ func sparkline(vs []float64, slots int) template.HTML {
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String()) // numbers only: nothing to escape
+}
+
+// span says how far back the samples reach.
+func span(t Trends) string {
+	d := time.Duration(len(t.Samples)) * t.Period
+	if d < 2*time.Minute {
+		return fmt.Sprintf("%.0f s", d.Seconds())
+	}
+	return fmt.Sprintf("%.0f min", d.Minutes())
 }
 
 func perSec(v float64) string {

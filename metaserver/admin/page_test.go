@@ -240,10 +240,16 @@ func TestCharts(t *testing.T) {
 	if size > 40<<10 {
 		t.Errorf("charts of %d bytes", size)
 	}
-	// a young server's line starts at the right
+	// a young server's line is not stretched over the whole width
 	young := charts(Trends{Period: 2 * time.Second, Window: TrendWindow, Samples: tr.Samples[:2]})
-	if pts := regexp.MustCompile(`points="([^"]*)"`).FindStringSubmatch(string(young[0].SVG)); pts == nil || !strings.HasPrefix(pts[1], "299.0,") {
+	if pts := regexp.MustCompile(`points="([^"]*)"`).FindStringSubmatch(string(young[0].SVG)); pts == nil || !strings.HasPrefix(pts[1], "289.7,") {
 		t.Errorf("two samples: %s", young[0].SVG)
+	}
+	if s := span(Trends{Period: 2 * time.Second, Samples: tr.Samples[:20]}); s != "40 s" {
+		t.Errorf("span of 20 samples: %s", s)
+	}
+	if s := span(tr); s != "10 min" {
+		t.Errorf("span of 300 samples: %s", s)
 	}
 	if none := charts(Trends{Period: 2 * time.Second, Window: TrendWindow}); none[0].Current != "-" || strings.Contains(string(none[0].SVG), "polyline") {
 		t.Errorf("no samples: %+v", none[0])
