@@ -182,7 +182,7 @@ func TestStatusPage10k(t *testing.T) {
 		t.Errorf("status page of %d bytes, want under 150 KB", len(page))
 	}
 	for _, want := range []string{"10000 locks: 10000 held, 0 waiting", "on 10000 inodes, by 2 clients",
-		"<td>data</td><td>10000</td><td>0</td><td>X 10000; </td>",
+		"<td>data</td><td>10000</td><td>0</td><td>X 10000</td>",
 		"<td>" + client(1) + "</td><td>alpha</td><td>/mnt/a</td><td>5000</td>",
 		`href="?locks=100" rel="next"`, "rows 1&ndash;100 of 10000", "rows 1&ndash;50 of 10000",
 		"<td>Requests</td>", `<svg class="spark"`} {
