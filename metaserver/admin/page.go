@@ -355,7 +355,7 @@ func charts(t Trends) []chart {
 		for i, s := range t.Samples {
 			vs[i] = se.v(s)
 		}
-		c := chart{Name: se.name, Current: "-", Peak: "-", SVG: sparkline(vs, slots)}
+		c := chart{Name: se.name, Current: "-", Peak: "-", SVG: sparkline(se.name, vs, slots)}
 		if len(vs) > 0 {
 			c.Current, c.Peak = se.f(vs[len(vs)-1]), se.f(slices.Max(vs))
 		}
@@ -366,9 +366,10 @@ func charts(t Trends) []chart {
 
 // sparkline draws vs (oldest first) as an inline SVG polyline in slots
 // positions, the last at the right edge, scaled to the largest value.
-func sparkline(vs []float64, slots int) template.HTML {
+func sparkline(name string, vs []float64, slots int) template.HTML {
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg class="spark" width="%d" height="%d" viewBox="0 0 %d %d" role="img">`, sparkW, sparkH, sparkW, sparkH)
+	fmt.Fprintf(&b, `<svg class="spark" width="%d" height="%d" viewBox="0 0 %d %d" role="img" aria-label="%s">`,
+		sparkW, sparkH, sparkW, sparkH, template.HTMLEscapeString(name))
 	fmt.Fprintf(&b, `<line x1="0" y1="%d" x2="%d" y2="%d" class="axis"/>`, sparkH-1, sparkW, sparkH-1)
 	if len(vs) > 0 {
 		peak := max(slices.Max(vs), 1e-9)
@@ -387,7 +388,7 @@ func sparkline(vs []float64, slots int) template.HTML {
 		b.WriteString(`"/>`)
 	}
 	b.WriteString(`</svg>`)
-	return template.HTML(b.String()) // numbers only: nothing to escape
+	return template.HTML(b.String()) // numbers and an escaped name
 }
 
 // span says how far back the samples reach.

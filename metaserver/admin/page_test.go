@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
 )
 
@@ -171,6 +172,18 @@ func TestLocksAPI(t *testing.T) {
 func TestStatusPage10k(t *testing.T) {
 	a, _ := startAdminOf(t, Config{}, manyLocks(10000))
 	tok := bearer(a.adminToken())
+	// ten full minutes of trends, all of them changing
+	a.trends.mu.Lock()
+	for i := range 400 {
+		var h latencyHist
+		for j := range i {
+			h.observe(time.Duration(j+1) * 7 * time.Microsecond)
+		}
+		n := int64(i * i * 1013)
+		a.trends.ring.add(trendTotals{at: clock.Time(i+1) * clock.Time(2*time.Second), wall: time.Now(), requests: n,
+			nacks: n / 7, revocations: n / 3, bytesIn: n * 1001, bytesOut: n * 3003, latency: h.snapshot()})
+	}
+	a.trends.mu.Unlock()
 	start := time.Now()
 	resp, page := adminDo(t, a, false, "GET", "/", tok)
 	took := time.Since(start)
@@ -185,10 +198,13 @@ func TestStatusPage10k(t *testing.T) {
 		"<td>data</td><td>10000</td><td>0</td><td>X 10000</td>",
 		"<td>" + client(1) + "</td><td>alpha</td><td>/mnt/a</td><td>5000</td>",
 		`href="?locks=100" rel="next"`, "rows 1&ndash;100 of 10000", "rows 1&ndash;50 of 10000",
-		"<td>Requests</td>", `<svg class="spark"`} {
+		"<td>Requests</td>", `<svg class="spark"`, "(last 10 min of at most 10 min, one point per 2 s)"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("status page lacks %q", want)
 		}
+	}
+	if n := strings.Count(page, "<polyline"); n != 7 {
+		t.Errorf("%d sparklines, want 7", n)
 	}
 	if n := len(regexp.MustCompile(`<td>held</td>`).FindAllString(page, -1)); n != 100 {
 		t.Errorf("%d lock rows on the page, want 100", n)
