@@ -539,6 +539,9 @@ func (t *DataTable) All() []InodeLocks {
 	return out
 }
 
+// Inodes returns how many inodes All would return, without the snapshot.
+func (t *DataTable) Inodes() int { return len(t.inodes) }
+
 // HeldBy returns the locks client c holds, in inode order.
 func (t *DataTable) HeldBy(c ids.ClientID) []Held {
 	var out []Held

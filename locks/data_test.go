@@ -308,7 +308,11 @@ func TestRandomOps(t *testing.T) {
 				lastSeq = max(lastSeq, rv.Seq)
 				note(rv.Client, rv.Ino, rv.Seq)
 			}
-			for _, il := range tb.All() {
+			all := tb.All()
+			if n := tb.Inodes(); n != len(all) {
+				t.Fatalf("seed %d %s: Inodes() %d, All() has %d", seed, op, n, len(all))
+			}
+			for _, il := range all {
 				for i, x := range il.Holders {
 					for _, y := range il.Holders[i+1:] {
 						if !compatible(x.Mode, y.Mode) {

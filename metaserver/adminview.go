@@ -77,7 +77,7 @@ func (v adminView) Status() admin.Status {
 	s.mu.Unlock()
 	s.lm.mu.Lock()
 	st.Failing = len(s.lm.core.FailingClients())
-	st.LockedInodes = len(s.lm.core.All())
+	st.LockedInodes = s.lm.core.LockedInodes()
 	_, st.InGrace = s.lm.core.InGrace()
 	s.lm.mu.Unlock()
 	return st

@@ -20,6 +20,9 @@ func (s *Server) Holders(ino ids.Ino) []locks.Holder { return s.data.Holders(ino
 // All returns every inode with data locks held or waited for.
 func (s *Server) All() []locks.InodeLocks { return s.data.All() }
 
+// LockedInodes returns len(All()) without building it.
+func (s *Server) LockedInodes() int { return s.data.Inodes() }
+
 // HeldBy returns the data locks c holds, in inode order.
 func (s *Server) HeldBy(c ids.ClientID) []locks.Held { return s.data.HeldBy(c) }
 

@@ -411,9 +411,10 @@ func (a *Endpoint) register() {
 var statusHTML string
 
 var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
-	"dur": func(d time.Duration) string { return d.Round(time.Millisecond).String() },
-	"ago": func(t time.Time) string { return time.Since(t).Round(time.Millisecond).String() + " ago" },
-	"mib": func(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) },
+	"dur":   func(d time.Duration) string { return d.Round(time.Millisecond).String() },
+	"ago":   func(t time.Time) string { return time.Since(t).Round(time.Millisecond).String() + " ago" },
+	"until": func(t time.Time) string { return time.Until(t).Round(time.Millisecond).String() },
+	"mib":   func(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) },
 }).Parse(statusHTML))
 
 // totals reads the counts the trends are made of.

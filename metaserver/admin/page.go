@@ -305,10 +305,16 @@ type statusData struct {
 
 func (a *Endpoint) page(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	clients, locks, trends := a.src.Clients(), a.src.Locks(), a.trends.trends()
-	data := statusData{Status: a.src.Status(), Clients: pageOf(clients, q, "clients", pageClientRows),
+	st, clients, locks, trends := a.src.Status(), a.src.Clients(), a.src.Locks(), a.trends.trends()
+	// A single server owns every locked inode at epoch 0: the table would
+	// repeat the lock list's inodes, at the cost of another walk of it.
+	var owners []OwnerInfo
+	if len(st.Peers) > 0 {
+		owners = a.src.Owners()
+	}
+	data := statusData{Status: st, Clients: pageOf(clients, q, "clients", pageClientRows),
 		Summary: summarize(locks, clients), Locks: pageOf(locks, q, "locks", pageLockRows),
-		Owners: pageOf(a.src.Owners(), q, "owners", pageOwnerRows), Counters: a.src.Counters(),
+		Owners: pageOf(owners, q, "owners", pageOwnerRows), Counters: a.src.Counters(),
 		Trends: charts(trends), TrendSpan: span(trends),
 		Refresh: max(1, int(a.refresh/time.Second)), Now: time.Now()}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")

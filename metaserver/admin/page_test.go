@@ -12,6 +12,7 @@ import (
 
 	"github.com/leasefs/leasefs/internal/clock"
 	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/metaserver/ownership"
 )
 
 // lockSource is a server with the given clients and locks.
@@ -19,6 +20,11 @@ type lockSource struct {
 	fakeSource
 	clients []ClientInfo
 	locks   []LockInfo
+	peers   []ownership.PeerStatus // a cluster: it owns the locked inodes
+}
+
+func (s lockSource) Status() Status {
+	return Status{Peers: append([]ownership.PeerStatus{}, s.peers...)}
 }
 
 func (s lockSource) Clients() []ClientInfo { return s.clients }
@@ -197,7 +203,7 @@ func TestStatusPage10k(t *testing.T) {
 	for _, want := range []string{"10000 locks: 10000 held, 0 waiting", "on 10000 inodes, by 2 clients",
 		"<td>data</td><td>10000</td><td>0</td><td>X 10000</td>",
 		"<td>" + client(1) + "</td><td>alpha</td><td>/mnt/a</td><td>5000</td>",
-		`href="?locks=100" rel="next"`, "rows 1&ndash;100 of 10000", "rows 1&ndash;50 of 10000",
+		`href="?locks=100" rel="next"`, "rows 1&ndash;100 of 10000", "every inode in use (10000 locked)",
 		"<td>Requests</td>", `<svg class="spark"`, "(last 10 min of at most 10 min, one point per 2 s)"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("status page lacks %q", want)
@@ -216,6 +222,24 @@ func TestStatusPage10k(t *testing.T) {
 	if !strings.Contains(last, "<td>ino:10099</td>") || strings.Contains(last, "<td>ino:9999</td><td>data") ||
 		!strings.Contains(last, `href="?locks=9800" rel="prev"`) || !strings.Contains(last, "rows 9901&ndash;10000 of 10000\n</p>") {
 		t.Errorf("the last page of locks lacks inode 10099 or has the wrong links:\n%s", last)
+	}
+}
+
+// TestStatusPageCluster: a cluster server's page pages the inodes it
+// owns as it pages the locks.
+func TestStatusPageCluster(t *testing.T) {
+	src := manyLocks(120)
+	src.peers = []ownership.PeerStatus{{ID: 2, Addr: "127.0.0.1:1", Reachable: true}}
+	a, _ := startAdminOf(t, Config{}, src)
+	_, page := adminDo(t, a, false, "GET", "/?owners=50&locks=100", bearer(a.adminToken()))
+	for _, want := range []string{"<h2>Ownership (120)</h2>", "<td>ino:150</td><td>server:1</td>", "rows 51&ndash;100 of 120",
+		`href="?locks=100" rel="prev"`, `href="?locks=100&amp;owners=100" rel="next"`, "rows 101&ndash;120 of 120"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("cluster status page lacks %q", want)
+		}
+	}
+	if strings.Contains(page, "<td>ino:149</td><td>server:1</td>") || strings.Contains(page, "Single server") {
+		t.Errorf("cluster status page shows owners off its page, or says single server")
 	}
 }
 
