@@ -110,11 +110,23 @@ func TestAdmin(t *testing.T) {
 		t.Errorf("clients table lacks %s and %s as normal:\n%s", idA, idB, clients)
 	}
 	lockTable := admin(t, append(srv, "locks")...)
-	if !row(lockTable, itoa(int(lockIno)), "flock", "write", idA, "held") {
+	if !row(lockTable, itoa(int(lockIno)), "/lock", "flock", "write", idA, "held") {
 		t.Errorf("locks table lacks the flock of %s on inode %d:\n%s", idA, lockIno, lockTable)
 	}
 	if !row(lockTable, "data", idB) {
 		t.Errorf("locks table lacks a data lock of %s:\n%s", idB, lockTable)
+	}
+	must(t, os.MkdirAll(filepath.Join(a.dir, "d1", "d2"), 0o755))
+	must(t, os.Link(filepath.Join(a.dir, "lock"), filepath.Join(a.dir, "d1", "d2", "lock2")))
+	must(t, a.sync())
+	if p := admin(t, append(srv, "path", itoa(int(lockIno)))...); !row(p, itoa(int(lockIno)), "/lock", "2") && !row(p, itoa(int(lockIno)), "/d1/d2/lock2", "2") {
+		t.Errorf("admin path %d:\n%s", lockIno, p)
+	}
+	if p := admin(t, append(srv, "inode", "/d1/d2/lock2")...); !row(p, itoa(int(lockIno)), "/d1/d2/lock2", "2") {
+		t.Errorf("admin inode /d1/d2/lock2:\n%s", p)
+	}
+	if out, err := runErr("", binary, append(append([]string{"admin"}, srv...), "path", "123456789")...); err == nil || !strings.Contains(out, "no such inode") {
+		t.Errorf("admin path of a made-up inode: %v\n%s", err, out)
 	}
 	owners := admin(t, append(srv, "owners")...)
 	if !row(owners, itoa(int(lockIno)), "server:1", "0") {

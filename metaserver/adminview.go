@@ -298,3 +298,21 @@ func (s *Server) observeRevocation(d time.Duration, acked bool) {
 		m.Revocation(d, acked)
 	}
 }
+
+// Paths says where inos are, from this server's replica of the namespace.
+func (v adminView) Paths(inos []ids.Ino, maxScan int) map[ids.Ino]admin.PathInfo {
+	out := map[ids.Ino]admin.PathInfo{}
+	for ino, p := range v.s.store.PathsOf(inos, maxScan) {
+		out[ino] = admin.PathInfo{Ino: ino, Path: p.Path, Links: p.Links}
+	}
+	return out
+}
+
+// Inode returns the inode at path.
+func (v adminView) Inode(path string) (admin.PathInfo, error) {
+	a, err := v.s.store.InodeAt(path)
+	if err != nil {
+		return admin.PathInfo{}, err
+	}
+	return admin.PathInfo{Ino: a.Ino, Path: path, Links: a.Nlink}, nil
+}

@@ -131,6 +131,8 @@ func runAdmin(argv []string) error {
 			"  owners          inodes this server owns: epoch, lease expiry (single server: all its own, epoch 0)\n"+
 			"  counters        request, NACK, lock and failure counters\n"+
 			"  checksum        hash of every replicated record: equal on servers whose replicas agree\n"+
+			"  path INO        where inode INO is: a path from the root (one of a hard-linked file's names), links\n"+
+			"  inode PATH      the inode at PATH (from the file system's root)\n"+
 			"  evict CLIENT    fail CLIENT now: it gets NACKs, its locks are stolen after τ(1+δ)\n"+
 			"  page            print a link that opens the status page in a browser (once, within a minute)\n"+
 			"Mount commands:\n"+
@@ -174,6 +176,12 @@ func runAdmin(argv []string) error {
 	case cmd == "evict" && len(args) == 2:
 		body, err = ac.do(ctx, "POST", "/api/evict?client="+url.QueryEscape(args[1]))
 		printer = printEvict
+	case cmd == "path" && len(args) == 2:
+		body, err = ac.do(ctx, "GET", "/api/path?ino="+url.QueryEscape(args[1]))
+		printer = printPath
+	case cmd == "inode" && len(args) == 2:
+		body, err = ac.do(ctx, "GET", "/api/inode?path="+url.QueryEscape(args[1]))
+		printer = printPath
 	case len(args) != 1:
 		fs.Usage()
 		return errUsage
@@ -416,7 +424,7 @@ func printLocks(w io.Writer, body []byte) error {
 	if err != nil {
 		return err
 	}
-	return table(w, "INODE\tKIND\tMODE\tCLIENT\tSTATE\tRANGE", func(tw io.Writer) {
+	return table(w, "INODE\tPATH\tKIND\tMODE\tCLIENT\tSTATE\tRANGE", func(tw io.Writer) {
 		for _, l := range p.Locks {
 			state := "held"
 			switch {
@@ -425,7 +433,7 @@ func printLocks(w io.Writer, body []byte) error {
 			case l.Revoking != "":
 				state = "revoking to " + l.Revoking
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", uint64(l.Ino), l.Kind, l.Mode, l.Client, state, dash(l.Range))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", uint64(l.Ino), dash(l.Path), l.Kind, l.Mode, l.Client, state, dash(l.Range))
 		}
 	})
 }
@@ -435,13 +443,13 @@ func printOwners(w io.Writer, body []byte) error {
 	if err != nil {
 		return err
 	}
-	return table(w, "INODE\tOWNER\tEPOCH\tEXPIRY", func(tw io.Writer) {
+	return table(w, "INODE\tPATH\tOWNER\tEPOCH\tEXPIRY", func(tw io.Writer) {
 		for _, o := range owners {
 			exp := "- (single server)"
 			if !o.Expiry.IsZero() {
 				exp = o.Expiry.Format(time.RFC3339Nano)
 			}
-			fmt.Fprintf(tw, "%d\t%v\t%d\t%s\n", uint64(o.Ino), o.Owner, uint64(o.Epoch), exp)
+			fmt.Fprintf(tw, "%d\t%s\t%v\t%d\t%s\n", uint64(o.Ino), dash(o.Path), o.Owner, uint64(o.Epoch), exp)
 		}
 	})
 }
@@ -535,4 +543,14 @@ func printChecksum(w io.Writer, body []byte) error {
 	}
 	_, err = fmt.Fprintf(w, "server %v  checksum %s  (%s)\n", c.Server, c.Checksum, c.Took)
 	return err
+}
+
+func printPath(w io.Writer, body []byte) error {
+	p, err := decode[admin.PathInfo](body)
+	if err != nil {
+		return err
+	}
+	return table(w, "INODE\tPATH\tLINKS", func(tw io.Writer) {
+		fmt.Fprintf(tw, "%d\t%s\t%d\n", uint64(p.Ino), p.Path, p.Links)
+	})
 }

@@ -71,7 +71,28 @@ type Source interface {
 	// Observe starts feeding m with the server's requests and
 	// revocations; stop ends it.
 	Observe(m *Metrics) (stop func())
+	// Paths says where inos are in the namespace, as far as a scan of at
+	// most maxScan directory entries finds them (files keep no pointer to
+	// their directories); those it could not place are left out.
+	Paths(inos []ids.Ino, maxScan int) map[ids.Ino]PathInfo
+	// Inode returns the inode at path (from the root).
+	Inode(path string) (PathInfo, error)
 }
+
+// PathInfo is where an inode is in the namespace: one path from the root
+// (of a hard-linked file, one of its names) and its link count.
+type PathInfo struct {
+	Ino   ids.Ino `json:"ino"`
+	Path  string  `json:"path"`
+	Links uint32  `json:"links"`
+}
+
+// How many directory entries a path lookup scans at most: for the rows of
+// a listing together, and for one inode asked for by itself.
+const (
+	pathScanRows = 200_000
+	pathScanOne  = 10_000_000
+)
 
 // Endpoint is a running admin endpoint.
 type Endpoint struct {
@@ -158,7 +179,11 @@ func Serve(cfg Config, src Source, id *transport.Identity, log *slog.Logger) (*E
 	mux.HandleFunc("GET /api/trends", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.trends.trends())
 	})
-	mux.HandleFunc("GET /api/owners", jsonOf(src.Owners))
+	mux.HandleFunc("GET /api/owners", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, withOwnerPaths(src, src.Owners()))
+	})
+	mux.HandleFunc("GET /api/path", a.pathAPI)
+	mux.HandleFunc("GET /api/inode", a.inodeAPI)
 	mux.HandleFunc("GET /api/counters", jsonOf(src.Counters))
 	mux.HandleFunc("GET /api/checksum", func(w http.ResponseWriter, r *http.Request) {
 		c, err := src.Checksum()
@@ -316,7 +341,7 @@ type ClientInfo struct {
 // LockInfo is one lock or queued request on an inode.
 type LockInfo struct {
 	Ino    ids.Ino `json:"ino"`
-	Path   string  `json:"path,omitempty"` // not tracked yet: inodes have no parent pointer
+	Path   string  `json:"path,omitempty"` // where found (Source.Paths); empty: not found
 	Kind   string  `json:"kind"`           // "data", "flock" or "fcntl"
 	Mode   string  `json:"mode"`           // S/X for data locks, read/write for POSIX locks
 	Client string  `json:"client"`
@@ -331,6 +356,7 @@ type LockInfo struct {
 // use is owned by it at epoch 0 without a PaxosLease, so Expiry is zero.
 type OwnerInfo struct {
 	Ino    ids.Ino      `json:"ino"`
+	Path   string       `json:"path,omitempty"`
 	Owner  ids.ServerID `json:"owner"`
 	Epoch  ids.Epoch    `json:"epoch"`
 	Expiry time.Time    `json:"expiry,omitzero"`

@@ -50,6 +50,10 @@ func (fakeSource) Counters() Counters              { return Counters{} }
 func (fakeSource) Checksum() (ChecksumInfo, error) { return ChecksumInfo{}, nil }
 func (fakeSource) CutPeers(bool) error             { return ErrNoPeerFaults }
 func (fakeSource) Observe(*Metrics) (stop func())  { return func() {} }
+func (fakeSource) Paths([]ids.Ino, int) map[ids.Ino]PathInfo {
+	return map[ids.Ino]PathInfo{}
+}
+func (fakeSource) Inode(string) (PathInfo, error) { return PathInfo{}, errors.New("no namespace") }
 func (fakeSource) Evict(c ids.ClientID) (EvictResult, error) {
 	return EvictResult{}, fmt.Errorf("%w: %v", ErrUnknownClient, c)
 }

@@ -87,6 +87,7 @@ type ClientLocks struct {
 // InodeContention is who holds and waits for one inode.
 type InodeContention struct {
 	Ino     ids.Ino `json:"ino"`
+	Path    string  `json:"path,omitempty"`
 	Holders int     `json:"holders"`
 	Waiters int     `json:"waiters"`
 	Clients int     `json:"clients"`
@@ -238,7 +239,7 @@ func (a *Endpoint) locksAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	all := a.src.Locks()
 	writeJSON(w, http.StatusOK, LockPage{Total: len(all), Offset: offset, Limit: limit,
-		Locks: slices.Clip(window(all, offset, limit))})
+		Locks: withLockPaths(a.src, slices.Clip(window(all, offset, limit)))})
 }
 
 // pager is one page of a table on the status page, with links to the
@@ -317,6 +318,7 @@ func (a *Endpoint) page(w http.ResponseWriter, r *http.Request) {
 		Owners: pageOf(owners, q, "owners", pageOwnerRows), Counters: a.src.Counters(),
 		Trends: charts(trends), TrendSpan: span(trends),
 		Refresh: max(1, int(a.refresh/time.Second)), Now: time.Now()}
+	placeShown(a.src, &data)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := statusTmpl.Execute(w, data); err != nil {
 		a.log.Warn("admin: render status page", "err", err)
@@ -437,4 +439,88 @@ func bytesPerSec(v float64) string {
 		return fmt.Sprintf("%.1f KiB/s", v/(1<<10))
 	}
 	return fmt.Sprintf("%.0f B/s", v)
+}
+
+// placeShown fills in the paths of the inodes the page shows: one scan
+// for them all.
+func placeShown(src Source, d *statusData) {
+	var inos []ids.Ino
+	for _, l := range d.Locks.Rows {
+		inos = append(inos, l.Ino)
+	}
+	for _, c := range d.Summary.Contended {
+		inos = append(inos, c.Ino)
+	}
+	for _, o := range d.Owners.Rows {
+		inos = append(inos, o.Ino)
+	}
+	if len(inos) == 0 {
+		return
+	}
+	paths := src.Paths(inos, pathScanRows)
+	for i := range d.Locks.Rows {
+		d.Locks.Rows[i].Path = paths[d.Locks.Rows[i].Ino].Path
+	}
+	for i := range d.Summary.Contended {
+		d.Summary.Contended[i].Path = paths[d.Summary.Contended[i].Ino].Path
+	}
+	for i := range d.Owners.Rows {
+		d.Owners.Rows[i].Path = paths[d.Owners.Rows[i].Ino].Path
+	}
+}
+
+// withLockPaths fills in the locks' paths.
+func withLockPaths(src Source, ls []LockInfo) []LockInfo {
+	inos := make([]ids.Ino, len(ls))
+	for i, l := range ls {
+		inos[i] = l.Ino
+	}
+	paths := src.Paths(inos, pathScanRows)
+	for i := range ls {
+		ls[i].Path = paths[ls[i].Ino].Path
+	}
+	return ls
+}
+
+// withOwnerPaths fills in the owned inodes' paths.
+func withOwnerPaths(src Source, os []OwnerInfo) []OwnerInfo {
+	inos := make([]ids.Ino, len(os))
+	for i, o := range os {
+		inos[i] = o.Ino
+	}
+	paths := src.Paths(inos, pathScanRows)
+	for i := range os {
+		os[i].Path = paths[os[i].Ino].Path
+	}
+	return os
+}
+
+// pathAPI answers /api/path?ino=N: where inode N is.
+func (a *Endpoint) pathAPI(w http.ResponseWriter, r *http.Request) {
+	n, err := strconv.ParseUint(strings.TrimPrefix(r.URL.Query().Get("ino"), "ino:"), 10, 64)
+	if err != nil || n == 0 {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want ?ino=N (a positive inode number)"})
+		return
+	}
+	p, ok := a.src.Paths([]ids.Ino{ids.Ino(n)}, pathScanOne)[ids.Ino(n)]
+	if !ok {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("inode %d: no such inode, or no directory names it", n)})
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// inodeAPI answers /api/inode?path=P: the inode at P.
+func (a *Endpoint) inodeAPI(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Query().Get("path")
+	if !strings.HasPrefix(path, "/") {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want ?path=/A/B (from the file system's root)"})
+		return
+	}
+	p, err := a.src.Inode(path)
+	if err != nil {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("%s: %v", path, err)})
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
 }

@@ -23,6 +23,15 @@ type lockSource struct {
 	peers   []ownership.PeerStatus // a cluster: it owns the locked inodes
 }
 
+// Paths places every inode at /dir/N.
+func (s lockSource) Paths(inos []ids.Ino, _ int) map[ids.Ino]PathInfo {
+	out := map[ids.Ino]PathInfo{}
+	for _, ino := range inos {
+		out[ino] = PathInfo{Ino: ino, Path: fmt.Sprintf("/dir/%d", ino), Links: 1}
+	}
+	return out
+}
+
 func (s lockSource) Status() Status {
 	return Status{Peers: append([]ownership.PeerStatus{}, s.peers...)}
 }
@@ -151,7 +160,7 @@ func TestLocksAPI(t *testing.T) {
 		}
 		return resp.StatusCode, p
 	}
-	if code, p := get("/api/locks"); code != 200 || p.Total != 2500 || p.Offset != 0 || p.Limit != LocksLimitDefault || len(p.Locks) != LocksLimitDefault || p.Locks[0].Ino != 100 {
+	if code, p := get("/api/locks"); code != 200 || p.Total != 2500 || p.Offset != 0 || p.Limit != LocksLimitDefault || len(p.Locks) != LocksLimitDefault || p.Locks[0].Ino != 100 || p.Locks[0].Path != "/dir/100" {
 		t.Errorf("default page: %d, total %d, offset %d, limit %d, %d locks", code, p.Total, p.Offset, p.Limit, len(p.Locks))
 	}
 	if code, p := get("/api/locks?offset=2400&limit=500"); code != 200 || p.Total != 2500 || len(p.Locks) != 100 || p.Locks[0].Ino != 2500 {
@@ -232,7 +241,7 @@ func TestStatusPageCluster(t *testing.T) {
 	src.peers = []ownership.PeerStatus{{ID: 2, Addr: "127.0.0.1:1", Reachable: true}}
 	a, _ := startAdminOf(t, Config{}, src)
 	_, page := adminDo(t, a, false, "GET", "/?owners=50&locks=100", bearer(a.adminToken()))
-	for _, want := range []string{"<h2>Ownership (120)</h2>", "<td>ino:150</td><td>server:1</td>", "rows 51&ndash;100 of 120",
+	for _, want := range []string{"<h2>Ownership (120)</h2>", "<td>ino:150</td><td>/dir/150</td><td>server:1</td>", "rows 51&ndash;100 of 120",
 		`href="?locks=100" rel="prev"`, `href="?locks=100&amp;owners=100" rel="next"`, "rows 101&ndash;120 of 120"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("cluster status page lacks %q", want)

@@ -37,18 +37,22 @@ func TestPathOf(t *testing.T) {
 		ino  ids.Ino
 		want string
 	}{{ids.RootIno, "/"}, {a.Ino, "/a"}, {b.Ino, "/a/b"}, {f.Ino, "/a/b/zz"}} {
-		if p, n, err := s.PathOf(c.ino, 1000); err != nil || p != c.want || n == 0 {
-			t.Errorf("PathOf(%v) = %q, %d, %v; want %q", c.ino, p, n, err, c.want)
+		if p, err := s.PathOf(c.ino, 1000); err != nil || p.Path != c.want || p.Links == 0 {
+			t.Errorf("PathOf(%v) = %+v, %v; want %q", c.ino, p, err, c.want)
 		}
 	}
-	if _, _, err := s.PathOf(f.Ino, 10); !errors.Is(err, ErrPathUnknown) {
+	if _, err := s.PathOf(f.Ino, 10); !errors.Is(err, ErrPathUnknown) {
 		t.Errorf("past the scan's bound: %v, want ErrPathUnknown", err)
 	}
 	if _, err := s.Link(f.Ino, ids.RootIno, "g", now); err != nil {
 		t.Fatal(err)
 	}
-	if p, n, err := s.PathOf(f.Ino, 1000); err != nil || (p != "/a/b/zz" && p != "/g") || n != 2 {
-		t.Errorf("hard-linked: %q, %d links, %v", p, n, err)
+	if p, err := s.PathOf(f.Ino, 1000); err != nil || (p.Path != "/a/b/zz" && p.Path != "/g") || p.Links != 2 {
+		t.Errorf("hard-linked: %+v, %v", p, err)
+	}
+	all := s.PathsOf([]ids.Ino{f.Ino, b.Ino, ids.RootIno, 999999}, 1000)
+	if len(all) != 3 || all[b.Ino].Path != "/a/b" || all[ids.RootIno].Path != "/" {
+		t.Errorf("PathsOf: %+v", all)
 	}
 	if at, err := s.InodeAt("/a/b/zz"); err != nil || at.Ino != f.Ino {
 		t.Errorf("InodeAt: %v, %v", at.Ino, err)
