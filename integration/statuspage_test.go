@@ -114,7 +114,7 @@ func TestStatusPage10k(t *testing.T) {
 	for _, want := range []string{
 		itoa(sum.Locks) + " locks: ", "by 2 clients",
 		"<td>" + idA + "</td>", "<td>" + idB + "</td>", a.dir, // top clients, with their mountpoints
-		`id="contended">` /* the flock's inode, 1 waiter, first */, "<td>ino:" + itoa(int(lockIno)) + "</td><td>1</td>",
+		`id="contended">` /* the flock's inode, 1 waiter, first */, "<td>ino:" + itoa(int(lockIno)) + "</td><td>/lock</td><td>1</td>",
 		"rows 1–100 of " + itoa(sum.Locks), `rel="next"`, // one page of locks
 		`<svg class="spark"`, "<polyline", "Latency p99", "Bytes out",
 	} {
