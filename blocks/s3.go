@@ -375,26 +375,49 @@ func s3Code(err error) string {
 }
 
 // error turns an object store's answer into the error the Store contract
-// names: a missing object is ErrNotFound, a full store ENOSPC, an object
-// over the store's limit ErrTooBig.
+// names (s3Kind).
 func (s *S3Store) error(what string, id ID, err error) error {
 	var e minio.ErrorResponse
 	if !errors.As(err, &e) {
 		return fmt.Errorf("blocks: %s %s: %s: %w", what, id, s.where, err)
 	}
-	var kind error
-	switch {
-	case e.Code == "NoSuchKey" || e.StatusCode == http.StatusNotFound && e.Code != "NoSuchBucket":
-		kind = ErrNotFound
-	case e.StatusCode == http.StatusInsufficientStorage || e.Code == "XMinioStorageFull" ||
-		e.Code == "InsufficientStorage" || e.Code == "QuotaExceeded":
-		kind = syscall.ENOSPC
-	case e.Code == "EntityTooLarge" || e.StatusCode == http.StatusRequestEntityTooLarge:
-		kind = ErrTooBig
-	default:
+	kind := s3Kind(e.StatusCode, e.Code)
+	if kind == nil {
 		return fmt.Errorf("blocks: %s %s: %s: %w", what, id, s.where, err)
 	}
 	return fmt.Errorf("blocks: %s %s: %s: %v: %w", what, id, s.where, e.Error(), kind)
+}
+
+// Presign returns a URL with which anyone, without a key, may do op on
+// block id (a GET of any range for OpRead, a PUT of the whole block for
+// OpWrite) until no later than until. S3 counts a URL's life in whole
+// seconds from the second it was signed in, so the URL ends at the last
+// such second at or before until, and may last a little less than asked;
+// but at least one second, which for an until less than a second away may
+// end after it.
+func (s *S3Store) Presign(ctx context.Context, op Op, id ID, until time.Time) (string, error) {
+	for try := 0; ; try++ {
+		secs := max(1, until.Sub(time.Now().Truncate(time.Second))/time.Second)
+		var u *url.URL
+		var err error
+		switch op {
+		case OpRead:
+			u, err = s.client.PresignedGetObject(ctx, s.bucket, s.key(id), secs*time.Second, nil)
+		case OpWrite:
+			u, err = s.client.PresignedPutObject(ctx, s.bucket, s.key(id), secs*time.Second)
+		default:
+			return "", fmt.Errorf("blocks: presign %v %s: no such operation", op, id)
+		}
+		if err != nil {
+			return "", s.error("presign "+op.String(), id, err)
+		}
+		// minio-go signs at its own reading of the clock: if a second
+		// began since ours, the URL ends a second later than planned
+		end, ok := URLExpiry(u.String())
+		if !ok || !end.After(until) || secs == 1 || try > 0 {
+			return u.String(), nil
+		}
+	}
 }
 
 // oneLine is an error printed on one line (a server's message may hold
