@@ -429,3 +429,10 @@ func (e oneLine) Error() string {
 }
 
 func (e oneLine) Unwrap() error { return e.error }
+
+// Endpoint is the object store's URL (scheme and host), which the URLs
+// Presign returns name.
+func (s *S3Store) Endpoint() string {
+	u := s.client.EndpointURL()
+	return u.Scheme + "://" + u.Host
+}

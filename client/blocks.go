@@ -14,12 +14,12 @@ import (
 
 // connBlocks is how the client reaches one server's block store: the
 // directory itself when the mount's host sees the same one (same store
-// id), else the server's HTTPS endpoint with capabilities from the
-// inodes' owners.
+// id), an object store directly with URLs the inodes' owners presign,
+// else the server's HTTPS endpoint with capabilities from the owners.
 type connBlocks struct {
 	announced wire.BlockStore // what the session open said
 	store     blocks.Store    // nil: the server has no block store
-	path      string          // "local DIR", "remote URL" or "none"
+	path      string          // "local DIR", "s3 direct ENDPOINT", "remote URL" or "none"
 }
 
 // setBlocks sets up cn's block store from its session's announcement,
@@ -56,15 +56,16 @@ func (nb *connBlocks) close() {
 	if nb == nil {
 		return
 	}
-	if rs, ok := nb.store.(*blocks.RemoteStore); ok {
+	if rs, ok := nb.store.(interface{ Close() }); ok {
 		rs.Close()
 	}
 }
 
 // openBlocks picks the fastest path to the block store bs of the server
 // the client reached at serverAddr: a directory the mount sees too is
-// opened, any other store (another host's directory, an object store) is
-// reached through the server's endpoint.
+// opened, an object store is reached directly with presigned URLs, and
+// another host's directory through the server's endpoint (as is any store
+// with --blocks-remote).
 func (c *Client) openBlocks(serverAddr string, bs wire.BlockStore) *connBlocks {
 	nb := &connBlocks{announced: bs, path: "none"}
 	if bs.Kind == "" {
@@ -78,6 +79,11 @@ func (c *Client) openBlocks(serverAddr string, bs wire.BlockStore) *connBlocks {
 			return nb
 		}
 		c.log.Debug("block store: not the server's directory here, using its endpoint", "dir", bs.Dir, "err", err)
+	}
+	if bs.Kind == "s3" && !c.cfg.BlocksRemote {
+		nb.store = blocks.NewURLStore(c.blockURL, func(op blocks.Op, id blocks.ID) { c.caps.forget(capKey{op, id, true}) })
+		nb.path = "s3 direct " + bs.Endpoint
+		return nb
 	}
 	url := "https://" + blocksAddr(serverAddr, bs.Addr)
 	nb.store = blocks.NewRemoteStore(url, c.cfg.Token.CertHash, c.blockCapability)
@@ -103,38 +109,68 @@ func blocksAddr(serverAddr, announced string) string {
 // id; the server grants it only while this client holds the file's lock
 // in the mode op needs (S or X to read, X to write).
 func (c *Client) blockCapability(ctx context.Context, op blocks.Op, id blocks.ID) (string, error) {
-	if cp, ok := c.caps.get(op, id, c.clk.Now()); ok {
+	return c.blockAccess(ctx, capKey{op, id, false})
+}
+
+// blockURL asks the owner of id's inode for a presigned URL for op on id
+// in its object store, under the same lock as a capability.
+func (c *Client) blockURL(ctx context.Context, op blocks.Op, id blocks.ID) (string, error) {
+	return c.blockAccess(ctx, capKey{op, id, true})
+}
+
+// urlMargin is how long before a presigned URL's end the client stops
+// using it: the time a request takes to reach the object store.
+const urlMargin = 250 * time.Millisecond
+
+func (c *Client) blockAccess(ctx context.Context, k capKey) (string, error) {
+	if cp, ok := c.caps.get(k, c.clk.Now()); ok {
 		return cp, nil
 	}
 	sent := c.clk.Now()
-	cp, err := c.askCapability(ctx, op, id)
-	if err == nil {
-		// the server signed it valid for τ from when it answered: half
-		// of that from before we asked is well inside it
-		c.caps.put(op, id, cp, sent, sent.Add(time.Duration(c.Session().Tau)/2))
+	cp, err := c.askCapability(ctx, k)
+	if err != nil {
+		return "", err
 	}
-	return cp, err
+	// the server signed it valid for τ from when it answered: half of
+	// that from before we asked is well inside it
+	until := sent.Add(time.Duration(c.Session().Tau) / 2)
+	if k.url {
+		// but a URL lasts whole seconds from the second it was
+		// signed in: maybe less
+		end, _ := blocks.URLExpiry(cp)
+		if left := time.Until(end) - urlMargin; left < until.Sub(c.clk.Now()) {
+			until = c.clk.Now().Add(left)
+		}
+	}
+	c.caps.put(k, cp, sent, until)
+	return cp, nil
 }
 
-// askCapability asks the owner of id's inode for a capability for op.
-func (c *Client) askCapability(ctx context.Context, op blocks.Op, id blocks.ID) (string, error) {
-	req := &wire.Request{Op: wire.OpBlockAccess, Ino: id.Ino, Data: wire.AppendUniques(nil, [][16]byte{id.Unique})}
-	if op == blocks.OpWrite {
+// askCapability asks the owner of k's block's inode for a capability or
+// a presigned URL.
+func (c *Client) askCapability(ctx context.Context, k capKey) (string, error) {
+	req := &wire.Request{Op: wire.OpBlockAccess, Ino: k.id.Ino, Data: wire.AppendUniques(nil, [][16]byte{k.id.Unique})}
+	if k.op == blocks.OpWrite {
 		req.Flags = wire.BlockWrite
+	}
+	what := "capability"
+	if k.url {
+		req.Flags |= wire.BlockURL
+		what = "presigned URL"
 	}
 	rep, err := c.Call(ctx, req)
 	if err != nil {
-		return "", fmt.Errorf("client: %s capability for block %s: %w", op, id, err)
+		return "", fmt.Errorf("client: %s %s for block %s: %w", k.op, what, k.id, err)
 	}
 	if len(rep.Names) != 1 {
-		return "", fmt.Errorf("client: %s capability for block %s: %d in the reply", op, id, len(rep.Names))
+		return "", fmt.Errorf("client: %s %s for block %s: %d in the reply", k.op, what, k.id, len(rep.Names))
 	}
 	return rep.Names[0], nil
 }
 
 // Blocks returns the home server's block store as this client reaches it
-// and which path that is ("local DIR", "remote URL", "none"). The store
-// is nil when the server has none.
+// and which path that is ("local DIR", "s3 direct ENDPOINT", "remote
+// URL", "none"). The store is nil when the server has none.
 func (c *Client) Blocks() (blocks.Store, string) {
 	home := c.homeConn()
 	c.mu.Lock()
@@ -145,17 +181,18 @@ func (c *Client) Blocks() (blocks.Store, string) {
 	return home.blocks.store, home.blocks.path
 }
 
-// capCache keeps the capabilities the owners signed, each until half its
-// validity is gone: a sequential reader asks for the same block's
-// capability once, not for every range it fetches of it.
+// capCache keeps the capabilities and URLs the owners signed, each until
+// half its validity is gone: a sequential reader asks for the same
+// block's capability once, not for every range it fetches of it.
 type capCache struct {
 	mu sync.Mutex
 	m  map[capKey]capEntry
 }
 
 type capKey struct {
-	op blocks.Op
-	id blocks.ID
+	op  blocks.Op
+	id  blocks.ID
+	url bool // a presigned URL, not a capability
 }
 
 type capEntry struct {
@@ -166,17 +203,17 @@ type capEntry struct {
 // capCacheMax bounds the capabilities kept: past it, the expired go.
 const capCacheMax = 4096
 
-func (cc *capCache) get(op blocks.Op, id blocks.ID, now clock.Time) (string, bool) {
+func (cc *capCache) get(k capKey, now clock.Time) (string, bool) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
-	e, ok := cc.m[capKey{op, id}]
+	e, ok := cc.m[k]
 	if !ok || !now.Before(e.until) {
 		return "", false
 	}
 	return e.cap, true
 }
 
-func (cc *capCache) put(op blocks.Op, id blocks.ID, cp string, now, until clock.Time) {
+func (cc *capCache) put(k capKey, cp string, now, until clock.Time) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	if cc.m == nil {
@@ -192,5 +229,14 @@ func (cc *capCache) put(op blocks.Op, id blocks.ID, cp string, now, until clock.
 			clear(cc.m)
 		}
 	}
-	cc.m[capKey{op, id}] = capEntry{cp, until}
+	if now.Before(until) {
+		cc.m[k] = capEntry{cp, until}
+	}
+}
+
+// forget drops what the cache keeps for k: the store refused it.
+func (cc *capCache) forget(k capKey) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	delete(cc.m, k)
 }

@@ -188,18 +188,31 @@ func TestBlocksShortLease(t *testing.T) {
 func TestCapCache(t *testing.T) {
 	var cc capCache
 	id := blocks.NewID(3)
-	cc.put(blocks.OpRead, id, "cap", 0, 100)
-	if got, ok := cc.get(blocks.OpRead, id, 99); !ok || got != "cap" {
+	rd := capKey{blocks.OpRead, id, false}
+	cc.put(rd, "cap", 0, 100)
+	if got, ok := cc.get(rd, 99); !ok || got != "cap" {
 		t.Fatalf("before its time: %q %v", got, ok)
 	}
-	if _, ok := cc.get(blocks.OpWrite, id, 50); ok {
+	if _, ok := cc.get(capKey{blocks.OpWrite, id, false}, 50); ok {
 		t.Fatal("a read capability served for a write")
 	}
-	if _, ok := cc.get(blocks.OpRead, id, 100); ok {
+	if _, ok := cc.get(capKey{blocks.OpRead, id, true}, 50); ok {
+		t.Fatal("a capability served for a URL")
+	}
+	if _, ok := cc.get(rd, 100); ok {
 		t.Fatal("served at its time")
 	}
+	cc.put(rd, "cap", 0, 100)
+	cc.forget(rd)
+	if _, ok := cc.get(rd, 50); ok {
+		t.Fatal("served after forget")
+	}
+	cc.put(rd, "expired", 100, 90)
+	if _, ok := cc.get(rd, 95); ok {
+		t.Fatal("kept one that was out of time when put")
+	}
 	for i := range capCacheMax + 10 {
-		cc.put(blocks.OpRead, blocks.NewID(ids.Ino(i)), "c", clock.Time(i), clock.Time(i+5))
+		cc.put(capKey{blocks.OpRead, blocks.NewID(ids.Ino(i)), false}, "c", clock.Time(i), clock.Time(i+5))
 	}
 	if len(cc.m) > capCacheMax {
 		t.Fatalf("%d capabilities kept", len(cc.m))

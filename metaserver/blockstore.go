@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -31,7 +32,10 @@ type blockServer struct {
 	put blocks.Store
 	// dir is a file store's directory ("" for an object store), which
 	// mounts on this host may open themselves.
-	dir    string
+	dir string
+	// s3 is the store when it is an object store, which mounts reach
+	// directly with URLs it presigns (nil for a directory).
+	s3     *blocks.S3Store
 	name   string // the store as Config.Blocks named it, for logs
 	signer *blocks.Signer
 	http   *http.Server
@@ -45,6 +49,9 @@ type blockServer struct {
 	gc     *BlockGC
 	stopGC func()
 	used   blockUsage
+	// served counts the requests the endpoint answered: whether mounts
+	// go through it, or straight to an object store.
+	served atomic.Int64
 }
 
 // blocksSpec is Config.Blocks read: "file:DIR" or "s3://BUCKET[/PREFIX]".
@@ -108,7 +115,11 @@ func startBlocks(cfg *Config, id *transport.Identity) (*blockServer, error) {
 		return nil, fmt.Errorf("metaserver: block endpoint: listen on %s: %w", addr, err)
 	}
 	b.ln = ln
-	b.http = blocks.NewHTTPServer(blocks.Handler(b.store, b.signer), id.Cert)
+	h := blocks.Handler(b.store, b.signer)
+	b.http = blocks.NewHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.served.Add(1)
+		h.ServeHTTP(w, r)
+	}), id.Cert)
 	b.wire.Addr = advertised(ln.Addr())
 	go func() {
 		defer close(b.done)
@@ -120,8 +131,10 @@ func startBlocks(cfg *Config, id *transport.Identity) (*blockServer, error) {
 }
 
 // open opens the store spec names and sets what session opens announce
-// of it but its address. Mounts reach an object store's blocks through
-// the server's endpoint, as they reach a directory on another host.
+// of it but its address. Mounts reach an object store's blocks directly,
+// with URLs the inodes' owners presign (opBlockAccess), or through the
+// server's endpoint if they ask to (--blocks-remote), as they reach a
+// directory on another host.
 func (b *blockServer) open(cfg *Config, spec blocksSpec) error {
 	if spec.kind == "s3" {
 		st, err := blocks.OpenS3Store(context.Background(), blocks.S3Config{Endpoint: cfg.S3Endpoint,
@@ -129,8 +142,8 @@ func (b *blockServer) open(cfg *Config, spec blocksSpec) error {
 		if err != nil {
 			return fmt.Errorf("metaserver: block store %s: %w", cfg.Blocks, err)
 		}
-		b.store, b.put = st, st
-		b.wire = wire.BlockStore{Kind: "s3", Dir: st.String()}
+		b.store, b.put, b.s3 = st, st, st
+		b.wire = wire.BlockStore{Kind: "s3", Dir: st.String(), Endpoint: st.Endpoint()}
 		return nil
 	}
 	// absolute: mounts on this host open the directory by this name
@@ -284,19 +297,25 @@ var blockOps = map[wire.Op]opHandler{
 	wire.OpLookupBlocks: (*Server).opLookupBlocks,
 }
 
-// opBlockAccess signs capabilities for blocks of r.Ino, only while the
-// client holds the file's lock in the mode the operation needs (S or X to
-// read, X to write): unlike other requests it does not acquire the lock,
-// since a mount reads and writes blocks only under a lock it already holds
-// for the data. Each expires τ after now (to the millisecond), no later
-// than the client's lease, which this reply renews, allows.
+// opBlockAccess signs capabilities for blocks of r.Ino, or presigns URLs
+// of an object store's blocks (wire.BlockURL), only while the client
+// holds the file's lock in the mode the operation needs (S or X to read,
+// X to write): unlike other requests it does not acquire the lock, since
+// a mount reads and writes blocks only under a lock it already holds for
+// the data. Each expires τ after now (a capability to the millisecond, a
+// URL at the whole second before), no later than the client's lease,
+// which this reply renews, allows.
 func (s *Server) opBlockAccess(q *request) *wire.Reply {
 	r := q.r
 	if s.blocks == nil {
 		return wire.ErrorReply(wire.Errf(wire.CodeNotSupported, "this server has no block store"))
 	}
-	if r.Flags&^wire.BlockWrite != 0 {
+	if r.Flags&^(wire.BlockWrite|wire.BlockURL) != 0 {
 		return wire.ErrorReply(wire.Errf(wire.CodeInvalid, "block access flags %#x", r.Flags))
+	}
+	urls := r.Flags&wire.BlockURL != 0
+	if urls && s.blocks.s3 == nil {
+		return wire.ErrorReply(wire.Errf(wire.CodeNotSupported, "presigned URLs: this server's blocks are not in an object store"))
 	}
 	uniques, err := wire.ParseUniques(r.Data)
 	if err != nil {
@@ -315,7 +334,14 @@ func (s *Server) opBlockAccess(q *request) *wire.Reply {
 	expiry := time.Now().Add(s.cfg.ClientLease)
 	caps := make([]string, len(uniques))
 	for i, u := range uniques {
-		caps[i] = s.blocks.signer.Sign(blocks.Capability{Op: op, ID: blocks.ID{Ino: r.Ino, Unique: u}, Expiry: expiry})
+		id := blocks.ID{Ino: r.Ino, Unique: u}
+		if !urls {
+			caps[i] = s.blocks.signer.Sign(blocks.Capability{Op: op, ID: id, Expiry: expiry})
+			continue
+		}
+		if caps[i], err = s.blocks.s3.Presign(q.ctx, op, id, expiry); err != nil {
+			return wire.ErrorReply(wire.Errf(wire.CodeIO, "%v", err))
+		}
 	}
 	return &wire.Reply{Names: caps}
 }

@@ -185,8 +185,12 @@ func ParseInoRange(b []byte) (first ids.Ino, n uint32, err error) {
 
 // BlockWrite in an OpBlockAccess request's Flags asks for write
 // capabilities (the client must hold the file's X lock); without it, read
-// capabilities (S or X).
-const BlockWrite uint32 = 1
+// capabilities (S or X). BlockURL asks for presigned URLs of an
+// object store's blocks instead of capabilities for the server's endpoint.
+const (
+	BlockWrite uint32 = 1 << iota
+	BlockURL
+)
 
 // MaxBlockAccess bounds the blocks one OpBlockAccess asks for.
 const MaxBlockAccess = 1024
@@ -597,6 +601,7 @@ type BlockStore struct {
 	// file system: the room the server's metadata store needs when both
 	// share one (0: none to keep).
 	KeepFree uint64
+	Endpoint string // "s3": the object store's URL, which presigned URLs name
 }
 
 // StatFs is file system usage.
@@ -780,6 +785,7 @@ func (r *Reply) Append(b []byte) []byte {
 		e.Str(s.Blocks.StoreID)
 		e.Str(s.Blocks.Addr)
 		e.U64(s.Blocks.KeepFree)
+		e.Str(s.Blocks.Endpoint)
 	}
 	if s := r.StatFs; s != nil {
 		e.U64(s.Blocks)
@@ -890,6 +896,7 @@ func ParseReply(b []byte) (*Reply, error) {
 		bs.StoreID = d.Str(MaxName)
 		bs.Addr = d.Str(MaxName)
 		bs.KeepFree = d.U64()
+		bs.Endpoint = d.Str(MaxPath)
 	}
 	if mask&hasStatFs != 0 {
 		r.StatFs = &StatFs{Blocks: d.U64(), Bfree: d.U64(), Bavail: d.U64(), Files: d.U64(), Ffree: d.U64()}

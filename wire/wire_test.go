@@ -29,7 +29,7 @@ func TestReplyRoundTrip(t *testing.T) {
 	in := &Reply{Code: CodeNotFound, Msg: "x", Attr: &Attr{Ino: 3, Size: 10, Version: 4, Change: 7}, Attr2: &Attr{Ino: 1, Change: 2},
 		Entries: []DirEntry{{Name: "f", Ino: 3, Mode: 0o100644, Off: 2}}, Data: []byte{1, 2},
 		Names: []string{"user.a"}, Session: &Session{ID: 5, Server: 1, Tau: 2e9, Delta: 0.05, GraceEnd: 3,
-			Blocks: BlockStore{Kind: "file", Dir: "/d/blocks", StoreID: "ab", Addr: ":7420"}},
+			Blocks: BlockStore{Kind: "file", Dir: "/d/blocks", StoreID: "ab", Addr: ":7420", KeepFree: 9, Endpoint: "http://h:9000"}},
 		StatFs: &StatFs{Blocks: 1, NameLen: 255}, Grants: []Grant{{Ino: 3, Mode: LockShared, Seq: 4}},
 		Lk: &PosixLk{Type: 1, End: 5}, Opens: 3, Owner: 2, Flags: DirNoDefaultACL}
 	b := in.Append(nil)
