@@ -41,7 +41,7 @@ func runMount(argv []string) error {
 	fs.BoolVar(&debug, "fuse-debug", false, "log every FUSE request")
 	fs.StringVar(&faults, "faults", "", "inject transport faults (testing only)")
 	_ = fs.MarkHidden("faults")
-	fs.BoolVar(&cfg.BlocksRemote, "blocks-remote", false, "reach the block store through the server's endpoint even where its directory is on this host (to test the path mounts on other hosts take)")
+	fs.BoolVar(&cfg.BlocksRemote, "blocks-remote", false, "reach the block store through the server's endpoint even where its directory is on this host, or where\nit is an object store this mount could reach with presigned URLs (to test the path mounts on other hosts take)")
 	life.add(fs)
 	logging.add(fs)
 	if err := parse(fs, argv); err != nil {
