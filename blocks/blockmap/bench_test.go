@@ -99,7 +99,7 @@ func BenchmarkCompact(b *testing.B) {
 	m := fragmented()
 	bigSums := make(blocks.Sums, maxSums)
 	for b.Loop() {
-		p, ok := m.Compact(1)
+		p, ok := m.CompactPlan()
 		if !ok {
 			b.StopTimer()
 			m = fragmented()

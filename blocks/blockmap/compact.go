@@ -1,6 +1,30 @@
 package blockmap
 
-import "github.com/leasefs/leasefs/blocks"
+import (
+	"bytes"
+
+	"github.com/leasefs/leasefs/blocks"
+)
+
+// The planner's rules. Each rewrite moves a byte into an extent at least
+// tierFanout times longer than the one it was in, and extents never grow
+// past blocks.MaxBlock, so a byte appended in pieces of n bytes is
+// rewritten at most log_tierFanout(MaxBlock/n) times: write amplification
+// is bounded as in a size-tiered LSM tree. A sparse block's rewrite copies
+// less than a third of the bytes overwritten in it, so it too costs a
+// bounded multiple of what was written.
+const (
+	// minRun is how many touching extents a fragmentation rewrite merges
+	// at least.
+	minRun = 4
+	// tierFanout: the longest extent of a merged window holds at most
+	// 1/tierFanout of its bytes.
+	tierFanout = 4
+	// sparseMin and sparseFrac: a block of at least sparseMin bytes of
+	// which extents use less than 1/sparseFrac is rewritten.
+	sparseMin  = 256 << 10
+	sparseFrac = 4
+)
 
 // Plan is one compaction: the data of Extents, read in file order and
 // packed into one new block of Size bytes (at most blocks.MaxBlock), then
@@ -11,6 +35,9 @@ type Plan struct {
 	Size    uint64
 	// Gain is how many fewer extents the file has once the plan is applied.
 	Gain int
+	// Sparse is set for the rewrite of a mostly dead block (the other
+	// rule merges fragments).
+	Sparse bool
 }
 
 // Write is the block record and the extents to Apply once the plan's data
@@ -25,44 +52,135 @@ func (p Plan) Write(u Unique, sums blocks.Sums) ([]Block, []Extent) {
 	return []Block{{Unique: u, Size: p.Size, Sums: sums}}, exts
 }
 
-// Compact plans the compaction that removes the most extents by rewriting
-// at most blocks.MaxBlock bytes: the run of consecutive extents, their
-// data adding up to at most a block, in which the most extents touch the
-// next one (a rewrite merges those; extents separated by a hole stay
-// apart, so holes stay holes). It returns false if the best run gains
-// fewer than minGain extents (at least 1). The work is one pass over the
-// extents; a caller compacts a file by calling it until it returns false.
-func (m *Map) Compact(minGain int) (Plan, bool) {
-	minGain = max(minGain, 1)
-	// Two pointers: for each last extent r, the window [l, r] is the
-	// longest whose data fits in a block; the gain, touching pairs inside
-	// the window, only grows as the window does, so the longest is best.
-	var bytes uint64
-	best, bestL, bestR := 0, 0, 0
-	gain := 0 // touching pairs in [l, r]
-	l := 0
-	for r, e := range m.ext {
-		bytes += e.Len
-		if r > l && m.ext[r-1].End() == e.Off {
-			gain++
+// CompactPlan plans the next compaction of the file, if one is due, by one
+// of two rules:
+//
+//   - fragmentation: a window of at least minRun consecutive extents that
+//     touch (extents apart from a hole stay apart: holes stay holes), of at
+//     most blocks.MaxBlock bytes, none of them more than 1/tierFanout of
+//     the window, merged into one extent; the window that removes the most
+//     extents, the first of those;
+//   - dead space: a block of at least sparseMin bytes of which the
+//     extents use less than 1/sparseFrac, its extents copied into a block
+//     of their own so that it becomes garbage; the block with the most
+//     dead bytes.
+//
+// A caller compacts a file by applying plans until it returns false; each
+// plan either removes extents or frees a block's dead bytes, so that ends.
+// The planning is linear in the extents.
+func (m *Map) CompactPlan() (Plan, bool) {
+	if l, r, ok := m.fragmented(); ok {
+		return newPlan(m.ext[l:r+1], false), true
+	}
+	if exts := m.sparseBlock(); exts != nil {
+		return newPlan(exts, true), true
+	}
+	return Plan{}, false
+}
+
+func newPlan(exts []Extent, sparse bool) Plan {
+	p := Plan{Extents: append([]Extent(nil), exts...), Sparse: sparse}
+	for i, e := range exts {
+		p.Size += e.Len
+		if i > 0 && exts[i-1].End() == e.Off {
+			p.Gain++
 		}
-		for bytes > blocks.MaxBlock {
-			bytes -= m.ext[l].Len
-			if l+1 <= r && m.ext[l].End() == m.ext[l+1].Off {
-				gain--
-			}
+	}
+	return p
+}
+
+// fragmented finds the fragmentation rule's window [l, r]. For each last
+// extent r, the window starts at the first extent that keeps it in one
+// touching run and within a block; while the window's longest extent
+// (the rightmost of them) is too long, no window that starts at or before
+// it and ends at r can hold it, so the start moves just past it. Each
+// such move cuts the window's bytes by more than 1/tierFanout, so there
+// are O(log MaxBlock) of them for each r.
+func (m *Map) fragmented() (bestL, bestR int, ok bool) {
+	n := len(m.ext)
+	if n < minRun {
+		return 0, 0, false
+	}
+	pre := make([]uint64, n+1) // pre[i]: bytes of the extents before i
+	for i, e := range m.ext {
+		pre[i+1] = pre[i] + e.Len
+	}
+	// maxq holds indices in [l, r] whose extents are longer than every
+	// extent after them up to r, from maxq[head]: the front is the
+	// window's rightmost longest extent.
+	maxq := make([]int, 0, 64)
+	head, l, best := 0, 0, 0
+	for r, e := range m.ext {
+		if r > 0 && m.ext[r-1].End() != e.Off {
+			l, head, maxq = r, 0, maxq[:0]
+		}
+		for len(maxq) > head && m.ext[maxq[len(maxq)-1]].Len <= e.Len {
+			maxq = maxq[:len(maxq)-1]
+		}
+		maxq = append(maxq, r)
+		for pre[r+1]-pre[l] > blocks.MaxBlock {
 			l++
 		}
-		if gain > best {
-			best, bestL, bestR = gain, l, r
+		for maxq[head] < l {
+			head++
+		}
+		for i, cl := head, l; i < len(maxq) && r-cl+1 >= max(minRun, best+1); i++ {
+			b := maxq[i]
+			if tierFanout*m.ext[b].Len <= pre[r+1]-pre[cl] {
+				best, bestL, bestR = r-cl+1, cl, r
+				break
+			}
+			cl = b + 1
+		}
+		if head > 1024 && head > len(maxq)/2 {
+			// keep the queue's slice from growing with the run
+			maxq = append(maxq[:0], maxq[head:]...)
+			head = 0
 		}
 	}
-	if best < minGain {
-		return Plan{}, false
+	return bestL, bestR, best > 0
+}
+
+// sparseBlock returns the extents, in file order, of the dead-space
+// rule's block, or nil.
+func (m *Map) sparseBlock() []Extent {
+	var live map[Unique]uint64
+	for u, b := range m.blocks {
+		if b.Size >= sparseMin {
+			if live == nil {
+				live = make(map[Unique]uint64)
+			}
+			live[u] = 0
+		}
 	}
-	p := Plan{Extents: append([]Extent(nil), m.ext[bestL:bestR+1]...), Gain: best}
-	for _, e := range p.Extents {
-		p.Size += e.Len
+	if live == nil {
+		return nil
 	}
-	return p, true
+	for _, e := range m.ext {
+		if n, ok := live[e.Block]; ok {
+			live[e.Block] = n + e.Len
+		}
+	}
+	var best Unique
+	var bestDead uint64
+	for u, n := range live {
+		size := m.blocks[u].Size
+		if n*sparseFrac >= size {
+			continue
+		}
+		dead := size - n
+		if dead > bestDead || dead == bestDead && bytes.Compare(u[:], best[:]) < 0 {
+			best, bestDead = u, dead
+		}
+	}
+	if bestDead == 0 {
+		return nil
+	}
+	var exts []Extent
+	for _, e := range m.ext {
+		if e.Block == best {
+			exts = append(exts, e)
+		}
+	}
+	return exts
 }

@@ -31,6 +31,7 @@ type model struct {
 	recExt  map[uint64]Extent
 	recBlk  map[Unique]Block
 	nextUID uint64
+	plans   [2]int // fragmentation and dead-space compactions applied
 }
 
 const modelSpan = 64 << 10 // offsets the model uses
@@ -65,7 +66,8 @@ func TestModel(t *testing.T) {
 			t.Fatalf("op %d (%s) broke the model; extents %v", i, op, md.m.ext)
 		}
 	}
-	t.Logf("ops %v; at most %d extents; %d extents, %d blocks at the end", counts, most, len(md.m.ext), len(md.m.blocks))
+	t.Logf("ops %v; %d fragment and %d dead-space compactions; at most %d extents; %d extents, %d blocks at the end",
+		counts, md.plans[0], md.plans[1], most, len(md.m.ext), len(md.m.blocks))
 }
 
 func (md *model) uid() Unique {
@@ -152,7 +154,11 @@ func (md *model) write() {
 			off += uint64(md.r.IntN(500)) // else contiguous in the file
 		}
 	}
-	content := make([]byte, boff+uint64(md.r.IntN(100)))
+	pad := uint64(md.r.IntN(100))
+	if md.r.IntN(20) == 0 {
+		pad += sparseMin // a block mostly dead from the start
+	}
+	content := make([]byte, boff+pad)
 	for i := range content {
 		content[i] = byte(md.r.Uint32())
 	}
@@ -301,24 +307,70 @@ func (md *model) seek() {
 	}
 }
 
+// compact applies CompactPlan's plans, one or until there is none, and
+// checks each against the rule it follows and the file's bytes after it.
 func (md *model) compact() {
-	p, ok := md.m.Compact(1 + md.r.IntN(3))
-	if !ok {
+	all := md.r.IntN(2) == 0
+	for {
+		p, ok := md.m.CompactPlan()
+		if !ok {
+			return
+		}
+		md.checkPlan(p)
+		if p.Sparse {
+			md.plans[1]++
+		} else {
+			md.plans[0]++
+		}
+		before := len(md.m.ext)
+		var content []byte
+		for _, e := range p.Extents {
+			content = append(content, md.readMap(e.Off, e.Len)...)
+		}
+		if uint64(len(content)) != p.Size || p.Size > blocks.MaxBlock {
+			md.t.Fatalf("plan %+v: %d bytes", p, len(content))
+		}
+		un := md.uid()
+		md.store[un] = content
+		md.apply(md.m.Apply(p.Write(un, blocks.Sum(content))))
+		if len(md.m.ext) != before-p.Gain {
+			md.t.Fatalf("compaction gained %d extents, plan said %d", before-len(md.m.ext), p.Gain)
+		}
+		if got := md.readMap(0, md.size); !bytes.Equal(got, md.data[:md.size]) {
+			md.t.Fatalf("compaction %+v changed the file's bytes", p)
+		}
+		if !all {
+			return
+		}
+	}
+}
+
+// checkPlan checks that p follows one of CompactPlan's rules.
+func (md *model) checkPlan(p Plan) {
+	t := md.t
+	if p.Sparse {
+		b, refs, _ := md.m.Block(p.Extents[0].Block)
+		var live uint64
+		for _, e := range p.Extents {
+			live += e.Len
+			if e.Block != b.Unique {
+				t.Fatalf("sparse plan %+v: extents of two blocks", p)
+			}
+		}
+		if refs != len(p.Extents) || b.Size < sparseMin || live*sparseFrac >= b.Size {
+			t.Fatalf("sparse plan of block %+v (%d extents): %+v", b, refs, p)
+		}
 		return
 	}
-	before := len(md.m.ext)
-	var content []byte
-	for _, e := range p.Extents {
-		content = append(content, md.readMap(e.Off, e.Len)...)
+	var longest uint64
+	for i, e := range p.Extents {
+		longest = max(longest, e.Len)
+		if i > 0 && p.Extents[i-1].End() != e.Off {
+			t.Fatalf("plan %+v: extents %d and %d do not touch", p, i-1, i)
+		}
 	}
-	if uint64(len(content)) != p.Size || p.Size > blocks.MaxBlock {
-		md.t.Fatalf("plan %+v: %d bytes", p, len(content))
-	}
-	un := md.uid()
-	md.store[un] = content
-	md.apply(md.m.Apply(p.Write(un, blocks.Sum(content))))
-	if len(md.m.ext) != before-p.Gain {
-		md.t.Fatalf("compaction gained %d extents, plan said %d", before-len(md.m.ext), p.Gain)
+	if len(p.Extents) < minRun || longest*tierFanout > p.Size || p.Gain != len(p.Extents)-1 {
+		t.Fatalf("fragmentation plan %+v breaks the rule", p)
 	}
 }
 
