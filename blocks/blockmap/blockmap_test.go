@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"testing"
@@ -412,13 +413,14 @@ func TestCompactPlanSparse(t *testing.T) {
 
 // TestCompactAppends: a file appended 50 bytes at a time, compacted after
 // each append as the server does, keeps few extents, and each byte is
-// rewritten a bounded number of times. Each rewrite puts a byte in an
-// extent at least tierFanout times longer, and no extent is longer than
-// MaxBlock, so a byte is rewritten at most log4(MaxBlock/50) = 8 times.
-// The extents left hold at most 3 lengths in each power of 4 (four of one
-// power usually form a window): 9 powers from 50 bytes to MaxBlock, 27
-// extents. That last bound is measured, not proven (appends of 1 byte to
-// 64 KiB, up to 300,000 of them, never left more than 3 in one power).
+// rewritten a bounded number of times. Appended blocks are as long as
+// their extents, so a merged window is all young: each rewrite puts a
+// byte in a block at least tierFanout times bigger, at most MaxBlock, so a
+// byte is rewritten at most log4(MaxBlock/50) = 8 times. The extents left
+// hold at most 3 lengths in each power of 4 (four of one power usually
+// form a window): 9 powers from 50 bytes to MaxBlock, 27 extents. That
+// last bound is measured, not proven (appends of 1 byte to 64 KiB, up to
+// 300,000 of them, never left more than 3 in one power).
 func TestCompactAppends(t *testing.T) {
 	const n, size = 10000, 50
 	m := New(3)
@@ -460,6 +462,56 @@ func TestCompactAppends(t *testing.T) {
 	}
 	if m.StoredBytes() != (n*size+511)&^511 || m.Blocks() != len(m.ext) {
 		t.Errorf("stored %d bytes in %d blocks, %d extents", m.StoredBytes(), m.Blocks(), len(m.ext))
+	}
+}
+
+// TestCompactRandomOverwrites: 300 random 4 KiB overwrites of a 1 MiB
+// block, compacted after each. The old block's pieces are rewritten only
+// with young blocks making a quarter of the window, each young byte moving
+// to a block 4 times bigger, at most the file: at most youngFrac *
+// log4(1 MiB/4 KiB) = 16 bytes rewritten per byte written. Blocks: 64
+// writes make a quarter of the file young, and then the whole file merges,
+// so at most 64 written blocks and the few merged ones, say 70.
+func TestCompactRandomOverwrites(t *testing.T) {
+	const size, page, n = 1 << 20, 4096, 300
+	m := New(3)
+	var id uint64
+	unique := func() Unique {
+		id++
+		var un Unique
+		binary.BigEndian.PutUint64(un[8:], id)
+		return un
+	}
+	write := func(off, n uint64) {
+		un := unique()
+		if _, err := m.Apply([]Block{{Unique: un, Size: n, Sums: make(blocks.Sums, chunks(n))}}, []Extent{{Off: off, Len: n, Block: un}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, size)
+	r := rand.New(rand.NewPCG(1, 2))
+	var rewritten uint64
+	most := 0
+	for range n {
+		write(r.Uint64N(size/page)*page, page)
+		for {
+			p, ok := m.CompactPlan()
+			if !ok {
+				break
+			}
+			rewritten += p.Size
+			if _, err := m.Apply(p.Write(unique(), make(blocks.Sums, chunks(p.Size)))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		most = max(most, m.Blocks())
+	}
+	m.mustCheck(t)
+	amp := float64(rewritten) / (n * page)
+	t.Logf("%d random 4 KiB writes: at most %d blocks, %d blocks and %d extents at the end, %d block bytes; rewrote %.2f bytes per byte written",
+		n, most, m.Blocks(), len(m.ext), m.BlockBytes(), amp)
+	if most > 70 || amp > 16 {
+		t.Errorf("at most %d blocks (want 70), %.2f bytes rewritten per byte (want 16)", most, amp)
 	}
 }
 

@@ -6,24 +6,33 @@ import (
 	"github.com/leasefs/leasefs/blocks"
 )
 
-// The planner's rules. Each rewrite moves a byte into an extent at least
-// tierFanout times longer than the one it was in, and extents never grow
-// past blocks.MaxBlock, so a byte appended in pieces of n bytes is
-// rewritten at most log_tierFanout(MaxBlock/n) times: write amplification
-// is bounded as in a size-tiered LSM tree. A sparse block's rewrite copies
-// less than a third of the bytes overwritten in it, so it too costs a
-// bounded multiple of what was written.
+// The planner's rules bound the bytes rewritten per byte written, as a
+// size-tiered LSM tree does. A merged window is mostly young bytes, in
+// blocks at most 1/tierFanout of the window, which the rewrite moves to a
+// block tierFanout times bigger at least; the rest of the window (old
+// data next to the new) is paid for by them, youngFrac times their bytes
+// at most. So a byte written in pieces of n bytes is young at most
+// log_tierFanout(MaxBlock/n) times, and the rewrites cost at most
+// youngFrac times that per byte written. A file only appended to has
+// blocks as long as its extents, all young: at most log_tierFanout
+// rewrites per byte. A sparse block's rewrite copies less than a third of
+// the bytes overwritten in it.
 const (
 	// minRun is how many touching extents a fragmentation rewrite merges
 	// at least.
 	minRun = 4
-	// tierFanout: the longest extent of a merged window holds at most
-	// 1/tierFanout of its bytes.
+	// tierFanout: no extent of a merged window, and no young block, is
+	// more than 1/tierFanout of it.
 	tierFanout = 4
+	// youngFrac: at least 1/youngFrac of a merged window is young.
+	youngFrac = 4
 	// sparseMin and sparseFrac: a block of at least sparseMin bytes of
 	// which extents use less than 1/sparseFrac is rewritten.
 	sparseMin  = 256 << 10
 	sparseFrac = 4
+	// maxPlanWork bounds the extents one search looks up for the young
+	// rule: past it, only whole blocks count as young.
+	maxPlanWork = 1 << 16
 )
 
 // Plan is one compaction: the data of Extents, read in file order and
@@ -58,8 +67,9 @@ func (p Plan) Write(u Unique, sums blocks.Sums) ([]Block, []Extent) {
 //   - fragmentation: a window of at least minRun consecutive extents that
 //     touch (extents apart from a hole stay apart: holes stay holes), of at
 //     most blocks.MaxBlock bytes, none of them more than 1/tierFanout of
-//     the window, merged into one extent; the window that removes the most
-//     extents, the first of those;
+//     the window, at least 1/youngFrac of it in blocks no more than
+//     1/tierFanout of it, merged into one extent; of those, the window
+//     that removes the most extents, the first of them;
 //   - dead space: a block of at least sparseMin bytes of which the
 //     extents use less than 1/sparseFrac, its extents copied into a block
 //     of their own so that it becomes garbage; the block with the most
@@ -95,21 +105,27 @@ func newPlan(exts []Extent, sparse bool) Plan {
 // (the rightmost of them) is too long, no window that starts at or before
 // it and ends at r can hold it, so the start moves just past it. Each
 // such move cuts the window's bytes by more than 1/tierFanout, so there
-// are O(log MaxBlock) of them for each r.
+// are O(log MaxBlock) of them for each r. The longest window that fits
+// is then checked for young bytes, if it would be the best.
 func (m *Map) fragmented() (bestL, bestR int, ok bool) {
 	n := len(m.ext)
 	if n < minRun {
 		return 0, 0, false
 	}
-	pre := make([]uint64, n+1) // pre[i]: bytes of the extents before i
+	// pre[i]: bytes of the extents before i; whole[i]: those of them
+	// that are all of their block
+	pre, whole := make([]uint64, n+1), make([]uint64, n+1)
 	for i, e := range m.ext {
-		pre[i+1] = pre[i] + e.Len
+		pre[i+1], whole[i+1] = pre[i]+e.Len, whole[i]
+		if m.blocks[e.Block].Size == e.Len {
+			whole[i+1] += e.Len
+		}
 	}
 	// maxq holds indices in [l, r] whose extents are longer than every
 	// extent after them up to r, from maxq[head]: the front is the
 	// window's rightmost longest extent.
 	maxq := make([]int, 0, 64)
-	head, l, best := 0, 0, 0
+	head, l, best, work := 0, 0, 0, 0
 	for r, e := range m.ext {
 		if r > 0 && m.ext[r-1].End() != e.Off {
 			l, head, maxq = r, 0, maxq[:0]
@@ -126,8 +142,18 @@ func (m *Map) fragmented() (bestL, bestR int, ok bool) {
 		}
 		for i, cl := head, l; i < len(maxq) && r-cl+1 >= max(minRun, best+1); i++ {
 			b := maxq[i]
-			if tierFanout*m.ext[b].Len <= pre[r+1]-pre[cl] {
-				best, bestL, bestR = r-cl+1, cl, r
+			if w := pre[r+1] - pre[cl]; tierFanout*m.ext[b].Len <= w {
+				// Whole blocks are no longer than the window's longest
+				// extent, so young; only a window short of them needs
+				// its blocks looked up.
+				y := whole[r+1] - whole[cl]
+				if y*youngFrac < w && work < maxPlanWork {
+					work += r - cl + 1
+					y = m.young(cl, r, w)
+				}
+				if y*youngFrac >= w {
+					best, bestL, bestR = r-cl+1, cl, r
+				}
 				break
 			}
 			cl = b + 1
@@ -139,6 +165,19 @@ func (m *Map) fragmented() (bestL, bestR int, ok bool) {
 		}
 	}
 	return bestL, bestR, best > 0
+}
+
+// young returns the bytes of window [l, r], of w bytes, that are young:
+// in blocks of at most w/tierFanout bytes, which the rewrite moves to a
+// block tierFanout times bigger at least.
+func (m *Map) young(l, r int, w uint64) uint64 {
+	var y uint64
+	for _, e := range m.ext[l : r+1] {
+		if m.blocks[e.Block].Size*tierFanout <= w {
+			y += e.Len
+		}
+	}
+	return y
 }
 
 // sparseBlock returns the extents, in file order, of the dead-space

@@ -362,14 +362,17 @@ func (md *model) checkPlan(p Plan) {
 		}
 		return
 	}
-	var longest uint64
+	var longest, young uint64
 	for i, e := range p.Extents {
 		longest = max(longest, e.Len)
+		if b, _, _ := md.m.Block(e.Block); b.Size*tierFanout <= p.Size {
+			young += e.Len
+		}
 		if i > 0 && p.Extents[i-1].End() != e.Off {
 			t.Fatalf("plan %+v: extents %d and %d do not touch", p, i-1, i)
 		}
 	}
-	if len(p.Extents) < minRun || longest*tierFanout > p.Size || p.Gain != len(p.Extents)-1 {
+	if len(p.Extents) < minRun || longest*tierFanout > p.Size || young*youngFrac < p.Size || p.Gain != len(p.Extents)-1 {
 		t.Fatalf("fragmentation plan %+v breaks the rule", p)
 	}
 }
