@@ -236,7 +236,8 @@ func (v adminView) Counters() admin.Counters {
 	s := v.s
 	c := admin.Counters{Requests: s.counters.Requests.Load(), Errors: s.counters.Errors.Load(),
 		NacksSent: s.counters.NacksSent.Load(), SessionsOpened: s.counters.SessionsOpened.Load(),
-		Replayed: s.counters.Replayed.Load(), WireBytes: s.counters.Bytes.Load()}
+		Replayed: s.counters.Replayed.Load(), WireBytes: s.counters.Bytes.Load(),
+		Compactions: s.counters.Compactions.Load(), CompactedBytes: s.counters.CompactedBytes.Load()}
 	s.lm.mu.Lock()
 	st, fs, de := s.lm.core.Stats(), s.lm.core.FailingStats(), s.lm.deliveryErrors
 	s.lm.mu.Unlock()

@@ -39,6 +39,7 @@ func (s *Server) writeBlock(q *request, spans []wire.Span, appending bool) *wire
 		s.dropUnused(id)
 	} else if err == nil {
 		s.blocks.used.add(int64(len(r.Data)))
+		s.compact(q, r.Ino)
 	}
 	return attrReply(a, err)
 }

@@ -87,6 +87,7 @@ func (s *Server) commitBlocks(q *request, blks []blockmap.Block, exts []blockmap
 		for _, b := range blks {
 			s.blocks.used.add(int64(b.Size))
 		}
+		s.compact(q, r.Ino)
 	}
 	return attrReply(a, err)
 }

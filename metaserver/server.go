@@ -225,6 +225,9 @@ type Counters struct {
 	Replayed atomic.Int64
 	// Bytes: request and reply bodies, the sign of bulk data moving
 	Bytes atomic.Int64
+	// Compactions and CompactedBytes: blocks the server wrote to merge a
+	// file's pieces (compact.go), and their bytes
+	Compactions, CompactedBytes atomic.Int64
 }
 
 // Start opens the store (failing at once if another server uses the data

@@ -380,6 +380,9 @@ type Counters struct {
 	DeliveryErrors int64 `json:"delivery_errors"`
 	Replayed       int64 `json:"replayed"`   // resent changes answered without applying them twice
 	WireBytes      int64 `json:"wire_bytes"` // request and reply bodies over QUIC
+	// blocks written to merge files' small pieces, and their bytes
+	Compactions    int64 `json:"compactions"`
+	CompactedBytes int64 `json:"compacted_bytes"`
 }
 
 // ChecksumInfo is a server's replica checksum: equal on two servers if and
@@ -412,6 +415,8 @@ func (a *Endpoint) register() {
 	counter("leasefs_locks_revoked_total", "Data lock revocations sent.", func(c Counters) int64 { return c.LocksRevoked })
 	counter("leasefs_locks_stolen_total", "Data locks stolen from timed-out clients.", func(c Counters) int64 { return c.LocksStolen })
 	counter("leasefs_clients_failed_total", "Clients failed (revocation unacknowledged or evicted).", func(c Counters) int64 { return c.ClientsFailed })
+	counter("leasefs_compactions_total", "Blocks written to merge the small pieces of files.", func(c Counters) int64 { return c.Compactions })
+	counter("leasefs_compacted_bytes_total", "Bytes rewritten by compactions.", func(c Counters) int64 { return c.CompactedBytes })
 	counter("leasefs_clients_expired_total", "Failed clients whose timer ran out (locks stolen, session forgotten).", func(c Counters) int64 { return c.ClientsExpired })
 	counter("leasefs_wire_bytes_total", "Bytes of request and reply bodies over QUIC (file data of files up to 64 KiB included; larger files' data goes to the block store).", func(c Counters) int64 { return c.WireBytes })
 	gauge := func(name, help string, f func(Status) float64) {
