@@ -98,7 +98,12 @@ type mapFile struct {
 	// file a server numbered this or lower: the last revocation to None,
 	// or the lock the cache evicted. Each server numbers its grants (a
 	// cluster's new owner from its own count): by server, 0 for any.
-	released map[ids.ServerID]uint64
+	// Kept after the revocation ended (releasedAt; forgetReleased): until
+	// the server has the acknowledgement it answers a fill under the
+	// grant given up, and a fill that comes after the invalidations would
+	// leave a page that nothing drops.
+	released   map[ids.ServerID]uint64
+	releasedAt time.Time
 	// stale: the kernel may still hold pages filled under locks a NACK
 	// took (until the background invalidation after it dropped them);
 	// what is written back of them goes as a reclaim, only if the file is
@@ -121,7 +126,8 @@ type mapFile struct {
 // idle reports whether f holds nothing worth keeping. Called with the
 // mappedFiles' mu.
 func (f *mapFile) idle() bool {
-	return !f.pages && f.windows == 0 && f.inflight == 0 && f.xRevoking == 0 && !f.stale && !f.holdsData()
+	return !f.pages && f.windows == 0 && f.inflight == 0 && f.xRevoking == 0 && !f.stale && !f.holdsData() &&
+		len(f.released) == 0
 }
 
 // holdsData reports whether f has written-back data not at the server.
@@ -251,6 +257,24 @@ func (m *mappedFiles) beginRevoke(ino ids.Ino, server ids.ServerID, seq uint64, 
 			f.released = map[ids.ServerID]uint64{}
 		}
 		f.released[server] = max(f.released[server], seq)
+		f.releasedAt = time.Now()
+	}
+}
+
+// forgetReleased forgets the grants given up more than keep ago, of
+// files with no fill in flight or revocation in progress, and the files
+// that then hold nothing. keep must be longer than the server takes to
+// apply an acknowledgement (it fails a client that takes longer than its
+// delivery timeout, under τ; a NACK forgets released anyway): a fill that
+// comes later is served after the release.
+func (m *mappedFiles) forgetReleased(keep time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for ino, f := range m.files {
+		if f.released != nil && f.inflight == 0 && f.windows == 0 && time.Since(f.releasedAt) > keep {
+			f.released = nil
+		}
+		m.tidy(ino, f)
 	}
 }
 

@@ -2,8 +2,16 @@ package client
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"slices"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/leasefs/leasefs/internal/clock"
+	"github.com/leasefs/leasefs/internal/ids"
+	"github.com/leasefs/leasefs/wire"
 )
 
 func TestChangedWords(t *testing.T) {
@@ -56,5 +64,122 @@ func TestOverlayExtents(t *testing.T) {
 		if got := string(buf[:n]); got != c.want {
 			t.Errorf("off %d n %d: %q, want %q", c.off, c.n, got, c.want)
 		}
+	}
+}
+
+// TestFillAfterRevocationEnded: a revocation to None of a file the kernel
+// has no pages of yet drops nothing and ends; before its acknowledgement
+// reaches the server, a fill asks for the file, and the server, which
+// still counts the client a holder, answers under the grant being given
+// up. That fill must not count as covered: no invalidation follows it,
+// and once the server has the acknowledgement another client may write.
+func TestFillAfterRevocationEnded(t *testing.T) {
+	var m mappedFiles
+	const ino, server = ids.Ino(7), ids.ServerID(1)
+	m.beginRevoke(ino, server, 12, false, true)
+	before := m.servedSoFar(ino)
+	if !m.quiet(ino, before) {
+		t.Fatal("a revocation with no fill stayed open")
+	}
+	m.endRevoke(ino, false, false)
+	f := m.enterFill(context.Background(), clock.Real{}, ino)
+	if ok, covered := m.mayReturn(f, readInfo{grant: 9}, server); ok || covered {
+		t.Fatalf("a fill read under grant 9, given up by revocation 12, may return (covered %v)", covered)
+	}
+	if ok, covered := m.mayReturn(f, readInfo{grant: 13}, server); !ok || !covered {
+		t.Fatal("a fill read under a grant after the revocation may not return")
+	}
+	m.forgetReleased(0) // a fill in flight may still meet the old grant
+	if ok, _ := m.mayReturn(f, readInfo{grant: 9}, server); ok {
+		t.Fatal("the grants given up were forgotten while a fill was in flight")
+	}
+	m.leaveFill(f, 0)
+	m.forget(ino) // the kernel forgot the file: only released keeps it
+	m.forgetReleased(time.Hour)
+	if m.file(ino, false) == nil {
+		t.Fatal("the grants given up were forgotten before their time")
+	}
+	m.forgetReleased(0)
+	if f := m.file(ino, false); f != nil {
+		t.Fatalf("a file with nothing left to keep stays: %+v", f)
+	}
+}
+
+// TestFillBeforeGiveBackAnswered: as TestFillAfterRevocationEnded, for a
+// lock the cache evicted: its pages are dropped before the release is
+// sent, and a fill that comes before the server has the release is read
+// under the lock being released. It must not return until the server
+// grants the lock anew; then it does.
+func TestFillBeforeGiveBackAnswered(t *testing.T) {
+	s := startServer(t)
+	a := connectTo(t, s, func(cfg *Config) { cfg.CacheInodes = 4 })
+	b := connectTo(t, s, func(*Config) {})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	x, err := b.Create(ctx, ids.RootIno, "x", 0o100644, 0, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Write(ctx, x.Ino, 0, []byte("v1"), false, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Flush(ctx, x.Ino); err != nil {
+		t.Fatal(err)
+	}
+	var others []ids.Ino
+	for i := range 16 {
+		o, err := b.Create(ctx, ids.RootIno, fmt.Sprint("o", i), 0o100644, 0, 0, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		others = append(others, o.Ino)
+	}
+	held, release, released := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	defer letGo() // a failure must not leave the release held
+	hook := func(g wire.Grant) func() {
+		if g.Ino != x.Ino {
+			return func() {}
+		}
+		close(held)
+		<-release
+		return func() { close(released) }
+	}
+	a.rel.giveBackHook.Store(&hook)
+	if _, err := a.GetAttr(ctx, x.Ino); err != nil { // A's S lock on x
+		t.Fatal(err)
+	}
+	// A's cache holds 4 inodes: looking at others evicts x, sooner or later
+	for i := 0; ; i++ {
+		select {
+		case <-held:
+		case <-ctx.Done():
+			t.Fatal("x was never evicted")
+		default:
+			if _, err := a.GetAttr(ctx, others[i%len(others)]); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		break
+	}
+	// The release is held back: a fill now is read under the lock being
+	// released, and nothing will drop the page it fills.
+	buf := make([]byte, 8)
+	fctx, fcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	n, err := a.ReadPage(fctx, x.Ino, 0, buf)
+	fcancel()
+	if err == nil {
+		t.Fatalf("a fill returned %q read under the lock being given back", buf[:n])
+	}
+	letGo()
+	select {
+	case <-released:
+	case <-ctx.Done():
+		t.Fatal("the release was never answered")
+	}
+	if n, err := a.ReadPage(ctx, x.Ino, 0, buf); err != nil || string(buf[:n]) != "v1" {
+		t.Fatalf("a fill after the release: %q, %v", buf[:n], err)
 	}
 }

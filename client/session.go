@@ -320,6 +320,7 @@ func (c *Client) renewLoop() {
 		}
 		c.mu.Unlock()
 		c.wb.flushOld(context.Background())
+		c.maps.forgetReleased(releasedMemory * time.Duration(c.Session().Tau))
 		for _, cn := range due {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cn.lease.Config().Tau))
 			_, _ = c.send(ctx, &wire.Request{Op: wire.OpRenew}, sendOpts{to: cn})
@@ -327,6 +328,10 @@ func (c *Client) renewLoop() {
 		}
 	})
 }
+
+// releasedMemory is how many client leases (τ) a mount remembers the
+// grants it gave up for fills (mappedFiles.forgetReleased).
+const releasedMemory = 2
 
 // every calls fn every τ/16 until the client closes: often enough to act
 // inside the lease's margins.
