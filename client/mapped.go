@@ -591,11 +591,16 @@ func (c *Client) ReadPage(ctx context.Context, ino ids.Ino, off uint64, buf []by
 		n, sentAfter := c.maps.overlay(ino, off, buf, n)
 		var ok bool
 		if ok, covered = c.maps.mayReturn(f, info, from); ok && sentAfter == sent {
+			// with the revocations (revoke), what names a stale page
+			c.log.Debug("fill served", "ino", ino, "off", off, "bytes", n, "version", info.version, "cached", info.cached,
+				"grant", info.grant, "server", from, "covered", covered)
 			return n, nil
 		}
 		// Not covered: read under a lock this client gave up, just
 		// before the server saw it go. Again, until the server grants a
 		// new one.
+		c.log.Debug("fill read under a grant given up; reading again", "ino", ino, "grant", info.grant, "server", from,
+			"cached", info.cached, "sent_meanwhile", sentAfter != sent)
 		if err := clock.Sleep(ctx, c.clk, wait); err != nil {
 			return 0, err
 		}

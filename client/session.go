@@ -216,6 +216,9 @@ func (c *Client) revoke(ctx context.Context, cn *conn, cb *wire.Callback) *wire.
 	// The server counts an X lock as ours until we acknowledge: written-
 	// back pages can go under it now. Under S they would wait for an X
 	// lock behind the request that revokes.
+	// with the grants that fills were read under (ReadPage), what names
+	// the lock a stale page came from
+	c.log.Debug("revocation", "ino", cb.Ino, "seq", cb.Seq, "to", cb.Mode, "held", held, "server", server)
 	heldX := held == wire.LockExclusive
 	toNone := cb.Mode == wire.LockNone
 	window := toNone // open until dropPages closes it

@@ -1,10 +1,12 @@
 package integration
 
 import (
+	"cmp"
 	le "encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -103,6 +105,7 @@ func testLinearizable(t *testing.T, a, b *mount) {
 		res := porcupine.CheckOperationsTimeout(registerModel, h, 30*time.Second)
 		if res != porcupine.Ok {
 			explainStale(t, h)
+			explainZones(t, h)
 			t.Fatalf("file %d: history of %d operations is %v", f, len(h), res)
 		}
 		t.Logf("file %d: %d operations, linearizable", f, len(h))
@@ -222,6 +225,84 @@ func explainStale(t *testing.T, h []porcupine.Operation) {
 		}
 		if n > 10 {
 			return
+		}
+	}
+}
+
+// explainZones names what makes h illegal when no read is stale by
+// itself. A value's zone runs between the earliest return and the latest
+// call among its write and its reads (Gibbons and Korach): when the
+// return comes first (a forward zone) the value must be the register's
+// all along it, so two forward zones cannot overlap, nor a backward zone
+// (a write nobody read, say) lie inside a forward one.
+func explainZones(t *testing.T, h []porcupine.Operation) {
+	type zone struct {
+		v           uint64
+		first, last porcupine.Operation // returned first, called last
+	}
+	initial := porcupine.Operation{ClientId: -1, Call: -1, Return: -1, Input: regInput{write: true}}
+	zones := map[uint64]*zone{0: {v: 0, first: initial, last: initial}}
+	for _, op := range h {
+		v := op.Input.(regInput).value
+		if !op.Input.(regInput).write {
+			v = op.Output.(uint64)
+		}
+		z := zones[v]
+		if z == nil {
+			z = &zone{v: v, first: op, last: op}
+			zones[v] = z
+		}
+		if op.Return < z.first.Return {
+			z.first = op
+		}
+		if op.Call > z.last.Call {
+			z.last = op
+		}
+	}
+	what := func(op porcupine.Operation) string {
+		if op.ClientId < 0 {
+			return "the initial value"
+		}
+		kind := "read"
+		if op.Input.(regInput).write {
+			kind = "write"
+		}
+		return fmt.Sprintf("%s by %d [%d,%d]", kind, op.ClientId, op.Call, op.Return)
+	}
+	var fwd, bwd []*zone
+	for _, z := range zones {
+		if z.first.Return < z.last.Call {
+			fwd = append(fwd, z)
+		} else {
+			bwd = append(bwd, z)
+		}
+	}
+	slices.SortFunc(fwd, func(a, b *zone) int { return cmp.Compare(a.first.Return, b.first.Return) })
+	n := 0
+	slices.SortFunc(bwd, func(a, b *zone) int { return cmp.Compare(a.last.Call, b.last.Call) })
+	report := func(kind string, a, b *zone) {
+		t.Logf("%s: %x must hold from %d (%s) to %d (%s), but %x's zone is [%d,%d] (%s; %s)",
+			kind, a.v, a.first.Return, what(a.first), a.last.Call, what(a.last),
+			b.v, min(b.first.Return, b.last.Call), max(b.first.Return, b.last.Call), what(b.first), what(b.last))
+		n++
+	}
+	for i, a := range fwd {
+		for _, b := range fwd[i+1:] {
+			if b.first.Return >= a.last.Call || n > 5 {
+				break
+			}
+			report("overlapping zones", a, b)
+		}
+	}
+	for _, b := range bwd {
+		for _, a := range fwd {
+			if n > 10 {
+				return
+			}
+			if a.first.Return < b.last.Call && b.first.Return < a.last.Call {
+				report("a write inside another value's zone", a, b)
+				break
+			}
 		}
 	}
 }

@@ -517,6 +517,7 @@ func TestLinearizableMapped(t *testing.T) {
 	deadline := start.Add(4 * time.Second)
 	var wg sync.WaitGroup
 	worker := 0
+	var workers []string // what each worker (its ClientId) does, for a failure
 	record := func(f int, op porcupine.Operation) {
 		mu.Lock()
 		histories[f] = append(histories[f], op)
@@ -537,6 +538,9 @@ func TestLinearizableMapped(t *testing.T) {
 				if m == a && role == 0 || m == c {
 					mapped = mapShared(t, fh, 8, m == a)
 				}
+				how := map[bool]string{true: "mapping", false: "read()/write()"}[mapped != nil]
+				workers = append(workers, fmt.Sprintf("%d: %s on %s (%s)", id, map[bool]string{true: "writer", false: "reader"}[role == 0],
+					map[*mount]string{a: "A", b: "B", c: "C"}[m], how))
 				wg.Add(1)
 				go func(write bool) {
 					defer wg.Done()
@@ -590,6 +594,8 @@ func TestLinearizableMapped(t *testing.T) {
 		res := porcupine.CheckOperationsTimeout(registerModel, h, 30*time.Second)
 		if res != porcupine.Ok {
 			explainStale(t, h)
+			explainZones(t, h)
+			t.Logf("workers: %s", strings.Join(workers, ", "))
 			t.Fatalf("file %d: history of %d operations is %v", f, len(h), res)
 		}
 		t.Logf("file %d: %d operations, linearizable", f, len(h))
