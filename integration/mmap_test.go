@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -544,6 +545,17 @@ func TestLinearizableMapped(t *testing.T) {
 				wg.Add(1)
 				go func(write bool) {
 					defer wg.Done()
+					if mapped != nil {
+						// a load from a mapping whose connection
+						// waitOrDump aborted faults: an error, not
+						// the end of the test binary
+						debug.SetPanicOnFault(true)
+						defer func() {
+							if r := recover(); r != nil {
+								t.Errorf("worker %d: %v", id, r)
+							}
+						}()
+					}
 					buf := make([]byte, 8)
 					for n := uint64(1); time.Now().Before(deadline); n++ {
 						op := porcupine.Operation{ClientId: id}
@@ -586,7 +598,8 @@ func TestLinearizableMapped(t *testing.T) {
 			}
 		}
 	}
-	wg.Wait()
+	// far past the workers' 4 s: a hang, which the dumps name
+	waitOrDump(t, &wg, 30*time.Second, []*proc{s.proc, a.proc, b.proc, c.proc}, a, b, c)
 	for f, h := range histories {
 		if len(h) < 50 {
 			t.Fatalf("file %d: only %d operations recorded", f, len(h))
@@ -600,6 +613,40 @@ func TestLinearizableMapped(t *testing.T) {
 		}
 		t.Logf("file %d: %d operations, linearizable", f, len(h))
 	}
+}
+
+// waitOrDump waits for wg, which should be done by now. Past d it fails
+// the test after collecting what names the hang: each process's
+// goroutines (SIGUSR1; into its log, kept whole with LEASEFS_KEEP_LOGS)
+// and the kernel stacks of this process's threads waiting in FUSE or in a
+// page fault; it then aborts the mounts' connections so that those waits end.
+func waitOrDump(t *testing.T, wg *sync.WaitGroup, d time.Duration, procs []*proc, mounts ...*mount) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(d):
+	}
+	for _, p := range procs {
+		p.signal(syscall.SIGUSR1)
+	}
+	tasks, _ := filepath.Glob("/proc/self/task/*/stack")
+	for _, task := range tasks {
+		if b, err := os.ReadFile(task); err == nil && (strings.Contains(string(b), "fuse") || strings.Contains(string(b), "filemap_fault")) {
+			t.Logf("%s:\n%s", task, b)
+		}
+	}
+	time.Sleep(time.Second) // for the dumps to reach the logs
+	for _, m := range mounts {
+		abortFUSE(m.dir)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+	}
+	t.Fatalf("workers still running after %v: goroutine dumps are in the logs", d)
 }
 
 // resident reports how many of m's pages are in the page cache (mincore).
