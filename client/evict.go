@@ -270,12 +270,15 @@ func (c *Client) giveBack(ctx context.Context, g wire.Grant) {
 	if heldX {
 		_ = c.sendMapped(ctx, g.Ino) // else flushOld sends it
 	}
-	c.maps.endRevoke(g.Ino, heldX, false)
+	c.maps.endRevoke(g.Ino, heldX, false, false)
 	after := func() {}
 	if hook := c.rel.giveBackHook.Load(); hook != nil {
 		after = (*hook)(g)
 	}
 	_, err := c.send(ctx, &wire.Request{Op: wire.OpLockRelease, Ino: g.Ino, LockMode: wire.LockNone, Version: g.Seq}, sendOpts{})
+	// the grant is given up only now: until the server has the release
+	// it answers fills under it
+	c.maps.endRevoke(g.Ino, false, true, false)
 	var answer *wire.Error
 	c.rel.done(g, true, err == nil || errors.As(err, &answer))
 	after()

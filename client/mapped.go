@@ -33,7 +33,10 @@ import (
 //     send it (the X lock it needs queues behind the very request that
 //     revokes), so that data goes after the acknowledgement, and only the
 //     aligned words the mapping changed (WritePage): the other client's
-//     write that lands first keeps the rest of the page.
+//     write that lands first keeps the rest of the page. Any other
+//     revocation of the file waits for one of X in progress (revocations
+//     can come out of order): acknowledged first, it would downgrade at
+//     the server the lock that one's sends go under.
 //   - A fill never waits at the server for a lock it does not hold: it
 //     reads under the lock the mount holds (granted at once, even while
 //     being revoked), or asks for S when it holds none (then no revocation
@@ -92,16 +95,21 @@ type mapFile struct {
 	inflight int    // fills being served
 	served   uint64 // fills served, ever
 	// xRevoking counts revocations of an X lock in progress: the server
-	// counts the lock as ours until they are acknowledged.
+	// counts the lock as ours until they are acknowledged. xIdle is
+	// closed when the last ends (waitXRevoked).
 	xRevoking int
+	xIdle     chan struct{}
+	// noneRevoking counts revocations to None in progress (released is
+	// kept while there are any).
+	noneRevoking int
 	// released: the client gave up (or is giving up) every grant of the
 	// file a server numbered this or lower: the last revocation to None,
 	// or the lock the cache evicted. Each server numbers its grants (a
 	// cluster's new owner from its own count): by server, 0 for any.
-	// Kept after the revocation ended (releasedAt; forgetReleased): until
-	// the server has the acknowledgement it answers a fill under the
-	// grant given up, and a fill that comes after the invalidations would
-	// leave a page that nothing drops.
+	// Kept while the revocation runs and after it ended (releasedAt, its
+	// end; forgetReleased): until the server has the acknowledgement it
+	// answers a fill under the grant given up, and a fill that comes
+	// after the invalidations would leave a page that nothing drops.
 	released   map[ids.ServerID]uint64
 	releasedAt time.Time
 	// stale: the kernel may still hold pages filled under locks a NACK
@@ -126,8 +134,8 @@ type mapFile struct {
 // idle reports whether f holds nothing worth keeping. Called with the
 // mappedFiles' mu.
 func (f *mapFile) idle() bool {
-	return !f.pages && f.windows == 0 && f.inflight == 0 && f.xRevoking == 0 && !f.stale && !f.holdsData() &&
-		len(f.released) == 0
+	return !f.pages && f.windows == 0 && f.inflight == 0 && f.xRevoking == 0 && f.noneRevoking == 0 && !f.stale &&
+		!f.holdsData() && len(f.released) == 0
 }
 
 // holdsData reports whether f has written-back data not at the server.
@@ -246,9 +254,13 @@ func (m *mappedFiles) beginRevoke(ino ids.Ino, server ids.ServerID, seq uint64, 
 	defer m.mu.Unlock()
 	f := m.file(ino, true)
 	if heldX {
+		if f.xRevoking == 0 {
+			f.xIdle = make(chan struct{})
+		}
 		f.xRevoking++
 	}
 	if toNone {
+		f.noneRevoking++
 		if f.windows == 0 {
 			f.gate = make(chan struct{})
 		}
@@ -271,7 +283,7 @@ func (m *mappedFiles) forgetReleased(keep time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for ino, f := range m.files {
-		if f.released != nil && f.inflight == 0 && f.windows == 0 && time.Since(f.releasedAt) > keep {
+		if f.released != nil && f.inflight == 0 && f.noneRevoking == 0 && time.Since(f.releasedAt) > keep {
 			f.released = nil
 		}
 		m.tidy(ino, f)
@@ -280,7 +292,7 @@ func (m *mappedFiles) forgetReleased(keep time.Duration) {
 
 // endRevoke ends what beginRevoke began; window: the window is still
 // open (quiet did not close it).
-func (m *mappedFiles) endRevoke(ino ids.Ino, heldX, window bool) {
+func (m *mappedFiles) endRevoke(ino ids.Ino, heldX, toNone, window bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	f := m.file(ino, false)
@@ -288,12 +300,37 @@ func (m *mappedFiles) endRevoke(ino ids.Ino, heldX, window bool) {
 		return
 	}
 	if heldX {
-		f.xRevoking--
+		if f.xRevoking--; f.xRevoking == 0 {
+			close(f.xIdle)
+		}
+	}
+	if toNone {
+		f.noneRevoking--
+		f.releasedAt = time.Now()
 	}
 	if window {
 		m.closeWindowLocked(f)
 	}
 	m.tidy(ino, f)
+}
+
+// waitXRevoked waits until no revocation of an X lock on ino is in
+// progress.
+func (m *mappedFiles) waitXRevoked(ctx context.Context, ino ids.Ino) error {
+	m.mu.Lock()
+	f := m.file(ino, false)
+	if f == nil || f.xRevoking == 0 {
+		m.mu.Unlock()
+		return nil
+	}
+	idle := f.xIdle
+	m.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (m *mappedFiles) closeWindowLocked(f *mapFile) {

@@ -81,7 +81,7 @@ func TestFillAfterRevocationEnded(t *testing.T) {
 	if !m.quiet(ino, before) {
 		t.Fatal("a revocation with no fill stayed open")
 	}
-	m.endRevoke(ino, false, false)
+	m.endRevoke(ino, false, true, false)
 	f := m.enterFill(context.Background(), clock.Real{}, ino)
 	if ok, covered := m.mayReturn(f, readInfo{grant: 9}, server); ok || covered {
 		t.Fatalf("a fill read under grant 9, given up by revocation 12, may return (covered %v)", covered)
@@ -181,5 +181,76 @@ func TestFillBeforeGiveBackAnswered(t *testing.T) {
 	}
 	if n, err := a.ReadPage(ctx, x.Ino, 0, buf); err != nil || string(buf[:n]) != "v1" {
 		t.Fatalf("a fill after the release: %q, %v", buf[:n], err)
+	}
+}
+
+// TestRevocationWaitsForXRevocation: the server revokes X to S, then, for
+// a writer, to None, and the client takes the second first. That one
+// sends the pages written back from the mapping under the X lock, which
+// the server counts as the client's until it is acknowledged. The first,
+// acknowledged meanwhile, would downgrade the lock at the server, and the
+// sends would queue behind the writer's request, which waits for the
+// second acknowledgement: a deadlock (TestLinearizableMapped hung on it).
+// The first waits for the second to finish.
+func TestRevocationWaitsForXRevocation(t *testing.T) {
+	s := startServer(t)
+	a := connectTo(t, s, func(*Config) {})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	x, err := a.Create(ctx, ids.RootIno, "x", 0o100644, 0, 0, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Write(ctx, x.Ino, 0, []byte("12345678"), false, false); err != nil {
+		t.Fatal(err)
+	}
+	if mode, _ := a.cache.Mode(x.Ino); mode != wire.LockExclusive {
+		t.Fatalf("A holds %v after its write", mode)
+	}
+	a.maps.queueWrite(x.Ino, 0, []byte("abcdefgh"), a.gen(), false) // written back from a mapping
+	f := a.maps.file(x.Ino, false)
+	if err := f.sendMu.lock(ctx); err != nil { // a send of it under way
+		t.Fatal(err)
+	}
+	var once sync.Once
+	sent := func() { once.Do(f.sendMu.unlock) }
+	defer sent() // a failure must not leave the revocations waiting
+	cn := a.homeConn()
+	toNone, toS := make(chan *wire.Reply, 1), make(chan *wire.Reply, 1)
+	go func() { toNone <- a.revoke(ctx, cn, &wire.Callback{Ino: x.Ino, Mode: wire.LockNone, Seq: 1 << 40}) }()
+	waitUntil(t, "the revocation to None to begin", func() bool {
+		a.maps.mu.Lock()
+		defer a.maps.mu.Unlock()
+		return f.xRevoking == 1
+	})
+	go func() { toS <- a.revoke(ctx, cn, &wire.Callback{Ino: x.Ino, Mode: wire.LockShared, Seq: 1<<40 - 1}) }()
+	select {
+	case rep := <-toS:
+		t.Fatalf("the revocation to S was acknowledged (%v) while the one of X was sending under it", rep.Err())
+	case <-time.After(200 * time.Millisecond):
+	}
+	sent()
+	for _, ch := range []chan *wire.Reply{toNone, toS} {
+		select {
+		case rep := <-ch:
+			if err := rep.Err(); err != nil {
+				t.Fatal(err)
+			}
+		case <-ctx.Done():
+			t.Fatal("a revocation never ended")
+		}
+	}
+	if a.maps.hasQueued(x.Ino) {
+		t.Fatal("the written-back pages were not sent before the acknowledgement")
+	}
+}
+
+// waitUntil polls cond until it holds, failing the test after 10 s.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
 	}
 }

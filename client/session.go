@@ -213,17 +213,28 @@ func (c *Client) revoke(ctx context.Context, cn *conn, cb *wire.Callback) *wire.
 		opens = c.cache.TakeOpens(cb.Ino)
 	}
 	c.mu.Unlock()
-	// The server counts an X lock as ours until we acknowledge: written-
-	// back pages can go under it now. Under S they would wait for an X
-	// lock behind the request that revokes.
 	// with the grants that fills were read under (ReadPage), what names
 	// the lock a stale page came from
 	c.log.Debug("revocation", "ino", cb.Ino, "seq", cb.Seq, "to", cb.Mode, "held", held, "server", server)
+	// The server counts an X lock as ours until we acknowledge: written-
+	// back pages can go under it now. Under S they would wait for an X
+	// lock behind the request that revokes.
 	heldX := held == wire.LockExclusive
+	if !heldX {
+		// A revocation of X may be in progress here: this one came
+		// after it (one to S that a newer one to None overtook, or one
+		// to None after a downgrade began). Acknowledged first, it
+		// would take the X lock at the server from under that one,
+		// whose sends would then queue behind the very request that
+		// revokes, and wait for themselves.
+		if err := c.maps.waitXRevoked(ctx, cb.Ino); err != nil {
+			return wire.ErrorReply(wire.Errf(wire.CodeIO, "revocation of X in progress: %v", err))
+		}
+	}
 	toNone := cb.Mode == wire.LockNone
 	window := toNone // open until dropPages closes it
 	c.maps.beginRevoke(cb.Ino, server, cb.Seq, heldX, toNone)
-	defer func() { c.maps.endRevoke(cb.Ino, heldX, window) }()
+	defer func() { c.maps.endRevoke(cb.Ino, heldX, toNone, window) }()
 	// Removals sent behind, and buffered writes, reach the server
 	// before the lock goes: the next holder must see them. (A flush
 	// the server refuses fails the file, not this acknowledgement:
