@@ -111,6 +111,7 @@ func (m *lockMgr) unlockFor(self holdKey) (own locks.Grant, found bool) {
 	}
 	for _, c := range rd.Stolen {
 		m.stopDeliveries(c)
+		m.nackWaiters(c)
 	}
 	m.revoking.Store(int64(m.core.Revoking()))
 	m.arm()
@@ -308,6 +309,22 @@ func (m *lockMgr) deliver(r locks.Revoke) {
 	go m.revoke(ctx, id, r)
 }
 
+// nackWaiters answers every request of c still waiting for a lock with a
+// NACK: the steal dropped c's place in the queues, so no grant will wake
+// them, and the client (in a new session by then, or gone) would wait for
+// their replies for ever. Called with mu held.
+func (m *lockMgr) nackWaiters(c ids.ClientID) {
+	for key, ws := range m.waiters {
+		if key.client != c {
+			continue
+		}
+		for _, w := range ws {
+			w.ch <- woken{nack: true}
+		}
+		delete(m.waiters, key)
+	}
+}
+
 // stopDeliveries ends the deliveries to c. Called with mu held.
 func (m *lockMgr) stopDeliveries(c ids.ClientID) {
 	for _, cancel := range m.deliveries[c] {
@@ -377,6 +394,7 @@ func (m *lockMgr) forgetClient(c ids.ClientID) {
 	m.mu.Lock()
 	if m.core.Forget(m.clk.Now(), c) == nil {
 		m.stopDeliveries(c)
+		m.nackWaiters(c)
 	}
 	m.unlock()
 }

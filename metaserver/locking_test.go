@@ -9,6 +9,7 @@ import (
 
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/locks"
+	"github.com/leasefs/leasefs/metaserver/paxosnode"
 )
 
 // failTimeout is τ(1+δ) of cfg.
@@ -70,6 +71,41 @@ func TestFailStealsAfterLease(t *testing.T) {
 		synctest.Wait()
 		if !granted(t, done) || s.known(failed) {
 			t.Fatalf("not stolen at τ(1+δ): session known %v", s.known(failed))
+		}
+	})
+}
+
+// TestStealNacksWaiting: a request of a failed client that waits in a
+// lock's queue gets a NACK when its locks are stolen (the steal drops its
+// place in the queue). It waited for ever: a mount's send of pages written
+// back from a mapping, queued behind another mount's write, never got an
+// answer, and its msync never returned.
+func TestStealNacksWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := DefaultConfig()
+		s := bareServer(cfg)
+		// a hand-over's pseudo client holds the lock: it is asked for
+		// nothing (bareServer delivers no revocations)
+		const failed = ids.ClientID(1)
+		other := paxosnode.PeerClientID(2)
+		s.addSession(failed)
+		h, err := s.lm.acquire(context.Background(), other, 10, locks.Exclusive)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.lm.done(h)
+		waiting := acquireLater(s, failed, 10, locks.Exclusive)
+		synctest.Wait()
+		s.lm.fail(failed, "test")
+		time.Sleep(failTimeout(cfg))
+		synctest.Wait()
+		select {
+		case err := <-waiting:
+			if !errors.Is(err, errNack) {
+				t.Fatalf("the failed client's waiting request after the steal: %v", err)
+			}
+		default:
+			t.Fatal("the failed client's request still waits after its locks were stolen")
 		}
 	})
 }
