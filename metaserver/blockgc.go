@@ -23,6 +23,7 @@ const (
 	DefaultOrphanEvery  = 10 * time.Minute
 	DefaultOrphanDelay  = time.Hour
 	DefaultOrphanInodes = 1000
+	DefaultAdoptInodes  = 16
 	// a failure that repeats every round is logged once a minute, with
 	// the count of those left out
 	gcWarnEvery = time.Minute
@@ -62,6 +63,11 @@ type BlockGCConfig struct {
 	// cluster, whether it owns ino); the collector leaves the other
 	// inodes' blocks alone. Nil: every inode (a single server).
 	Owns func(ino ids.Ino) bool
+	// Adopter, if set, hands this server the garbage and orphans of the
+	// inodes no server owns while it is the cluster's collector (a
+	// cluster). AdoptInodes bounds the inodes it takes over per round.
+	Adopter     Adopter
+	AdoptInodes int
 	// Clock times the rounds; nil is clock.Real.
 	Clock clock.Clock
 	// Now is the wall clock that garbage due times and block mtimes are
@@ -79,6 +85,7 @@ type BlockGCStats struct {
 	Errors      uint64 // failed queries, deletes, forgets and listings
 	Rounds      uint64
 	Scans       uint64 // orphan scans finished
+	Adopted     uint64 // inodes nobody owned taken over to collect them
 }
 
 // BlockGC deletes from the block store the blocks the metadata store no
@@ -96,8 +103,13 @@ type BlockGC struct {
 	// the next scan starts. Only Run's goroutine touches them.
 	scan     []ids.Ino
 	nextScan clock.Time
+	// collecting: this server is the cluster's collector this round;
+	// adopt holds the inodes nobody owns whose orphans it is to look at
+	// (only Run's goroutine touches them).
+	collecting bool
+	adopt      adoptQueue
 
-	deleted, freed, orphans, orphanBytes, errs, rounds, scans atomic.Uint64
+	deleted, freed, orphans, orphanBytes, errs, rounds, scans, adopted atomic.Uint64
 }
 
 // NewBlockGC returns a collector over meta and blks; it does nothing until
@@ -108,6 +120,7 @@ func NewBlockGC(meta GCStore, blks blocks.Store, cfg BlockGCConfig) *BlockGC {
 	cfg.OrphanEvery = cmp.Or(cfg.OrphanEvery, DefaultOrphanEvery)
 	cfg.OrphanInodes = cmp.Or(cfg.OrphanInodes, DefaultOrphanInodes)
 	cfg.OrphanDelay = cmp.Or(cfg.OrphanDelay, DefaultOrphanDelay)
+	cfg.AdoptInodes = cmp.Or(cfg.AdoptInodes, DefaultAdoptInodes)
 	if cfg.Owns == nil {
 		cfg.Owns = func(ids.Ino) bool { return true }
 	}
@@ -128,7 +141,8 @@ func NewBlockGC(meta GCStore, blks blocks.Store, cfg BlockGCConfig) *BlockGC {
 // Stats returns the counts so far.
 func (g *BlockGC) Stats() BlockGCStats {
 	return BlockGCStats{Deleted: g.deleted.Load(), Freed: g.freed.Load(), Orphans: g.orphans.Load(),
-		OrphanBytes: g.orphanBytes.Load(), Errors: g.errs.Load(), Rounds: g.rounds.Load(), Scans: g.scans.Load()}
+		OrphanBytes: g.orphanBytes.Load(), Errors: g.errs.Load(), Rounds: g.rounds.Load(), Scans: g.scans.Load(),
+		Adopted: g.adopted.Load()}
 }
 
 // Run collects every Every until ctx is done. The first orphan scan
@@ -151,25 +165,32 @@ func (g *BlockGC) Run(ctx context.Context) {
 
 // roundCounts is what one round did.
 type roundCounts struct {
-	deleted, freed, orphans, orphanBytes, errs uint64
+	deleted, freed, orphans, orphanBytes, errs, adopted uint64
 }
 
-// round deletes the due garbage, then takes the orphan scan a step on,
-// and logs one line if it deleted anything.
+// round deletes the due garbage, then takes the orphan scan a step on;
+// the cluster's collector then takes over inodes nobody owns that have
+// due garbage or orphans, and collects those. It logs one line if it
+// deleted anything.
 func (g *BlockGC) round(ctx context.Context) {
 	var c roundCounts
+	g.collecting = g.cfg.Adopter != nil && g.cfg.Adopter.Collector(ctx)
 	g.collectGarbage(ctx, &c)
 	g.scanStep(ctx, &c)
+	if g.collecting && g.adoptStep(ctx, &c) {
+		g.collectGarbage(ctx, &c)
+	}
 	g.rounds.Add(1)
 	g.deleted.Add(c.deleted)
 	g.freed.Add(c.freed)
 	g.orphans.Add(c.orphans)
 	g.orphanBytes.Add(c.orphanBytes)
 	g.errs.Add(c.errs)
+	g.adopted.Add(c.adopted)
 	// errors alone are WARN lines already, rate limited
 	if c.deleted+c.orphans > 0 {
 		g.log.Info("block collector: round", "garbage", c.deleted, "garbage_bytes", c.freed,
-			"orphans", c.orphans, "orphan_bytes", c.orphanBytes, "errors", c.errs)
+			"orphans", c.orphans, "orphan_bytes", c.orphanBytes, "adopted", c.adopted, "errors", c.errs)
 	}
 }
 
@@ -285,9 +306,12 @@ func (g *BlockGC) inodesWithBlocks(ctx context.Context) ([]ids.Ino, error) {
 }
 
 // scanInode deletes ino's blocks that no record names and that were put
-// before cutoff, if this server owns ino.
+// before cutoff, if this server owns ino. The cluster's collector queues
+// an inode nobody owns whose replica here names not all of its old
+// blocks, to take it over (adoptStep) and look again.
 func (g *BlockGC) scanInode(ctx context.Context, ino ids.Ino, cutoff time.Time, c *roundCounts) {
-	if !g.cfg.Owns(ino) {
+	owned := g.cfg.Owns(ino)
+	if !owned && !g.collecting {
 		return
 	}
 	var old []blocks.ID
@@ -309,6 +333,15 @@ func (g *BlockGC) scanInode(ctx context.Context, ino ids.Ino, cutoff time.Time, 
 	unknown, err := g.meta.UnknownBlocks(old)
 	if err != nil {
 		g.failed(c, "orphan query", err, "ino", ino)
+		return
+	}
+	if !owned {
+		// This replica may lag behind the inode's last owner, so its
+		// answer is a hint only: the blocks are looked at again once
+		// this server owns the inode, recovered.
+		if len(unknown) > 0 && !g.cfg.Adopter.OwnedElsewhere(ino) {
+			g.adopt.add(ino)
+		}
 		return
 	}
 	for _, id := range unknown {

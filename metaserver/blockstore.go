@@ -233,13 +233,18 @@ func (b *blockServer) close() {
 
 // startBlockGC runs the collector of the block store's garbage and
 // orphans; in a cluster each server collects the inodes it owns, as only
-// the owner may change their records.
+// the owner may change their records, and the cluster's collector (the
+// owner of ownership.CollectorIno) takes over and collects the inodes
+// that no server owns.
 func (s *Server) startBlockGC() {
 	owns := func(ids.Ino) bool { return true }
+	var adopter Adopter
 	if s.owner != nil {
 		owns = func(ino ids.Ino) bool { _, err := s.owner.OwnerEpoch(ino); return err == nil }
+		adopter = s.owner
 	}
-	gcCfg := BlockGCConfig{Owns: owns, Clock: s.cfg.Clock, Logger: s.log, OrphanDelay: s.cfg.OrphanDelay}
+	gcCfg := BlockGCConfig{Owns: owns, Adopter: adopter, Every: s.cfg.gcEvery, Clock: s.cfg.Clock, Logger: s.log,
+		OrphanDelay: s.cfg.OrphanDelay}
 	if d := s.cfg.OrphanDelay; d > 0 {
 		gcCfg.OrphanEvery = min(DefaultOrphanEvery, d/2) // found within about 1.5 times the delay
 	}

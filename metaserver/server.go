@@ -83,6 +83,9 @@ type Config struct {
 	// takes from putting a block to committing it.
 	OrphanDelay time.Duration
 
+	// gcEvery, if set, is how often the block collector runs (tests;
+	// 0: DefaultGCEvery).
+	gcEvery time.Duration
 	// beforeFetch, if set, is called before anti-entropy copies ino from
 	// peer p (tests: hold a copy back to force an interleaving).
 	beforeFetch func(p ids.ServerID, ino ids.Ino)

@@ -109,9 +109,11 @@ type Owner struct {
 	acquireFor time.Duration // how long own keeps trying
 	acquireTry time.Duration // how long one PaxosLease acquire may take
 
-	owning    inoMutexes // serialises acquire+recover of one inode, and its hand-over
-	aheadTo   ids.Ino    // inode numbers below it are acquired ahead (under mu)
-	allocated ids.Ino    // the greatest inode number allocated (under mu)
+	owning inoMutexes // serialises acquire+recover of one inode, and its hand-over
+	// pinCollector pins CollectorIno once this server first owns it
+	pinCollector sync.Once
+	aheadTo      ids.Ino // inode numbers below it are acquired ahead (under mu)
+	allocated    ids.Ino // the greatest inode number allocated (under mu)
 
 	mu        sync.Mutex
 	recovered map[ids.Ino]ids.Epoch // inodes recovered under the epoch we own them by
