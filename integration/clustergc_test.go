@@ -29,8 +29,8 @@ func TestClusterGCDeadOwner(t *testing.T) {
 	}
 	a.unmount(t)
 	r := c.mount(t, []int{0})
+	rm := time.Now() // before the removal: its garbage is due no sooner than the delay after
 	must(t, os.Remove(filepath.Join(r.dir, "gone")))
-	rm := time.Now()
 	r.unmount(t)
 	c.servers[0].kill()
 	// the server's garbage delay: τ(1+δ) and a margin of 10 s

@@ -16,7 +16,10 @@ package metaserver
 // to it (replicas fence older epochs). The unknown-block check therefore
 // runs against the inode's authoritative state, never against the lagging
 // replica's answer, which only says where to look. Blocks put but not yet
-// committed are the orphan delay's to protect, as on an owner.
+// committed are the orphan delay's to protect, as on an owner. Garbage
+// goes no sooner than its owner would have deleted it: its due time,
+// which outlasts any reader's lock and lease, was set when the change
+// that freed it committed.
 
 import (
 	"context"
