@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasefs/leasefs/blocks"
+	"github.com/leasefs/leasefs/blocks/blockmap"
 	"github.com/leasefs/leasefs/internal/ids"
 )
 
@@ -18,7 +19,10 @@ type fakeAdopter struct {
 	mine      map[ids.Ino]bool
 	elsewhere map[ids.Ino]bool
 	refuse    map[ids.Ino]bool // OwnIfFree fails (no majority answered)
-	tries     []ids.Ino
+	// recover is what the takeover's recovery brings this replica, which
+	// lagged, of an inode
+	recover map[ids.Ino]func()
+	tries   []ids.Ino
 }
 
 func (f *fakeAdopter) Collector(context.Context) bool  { return f.collector }
@@ -33,6 +37,9 @@ func (f *fakeAdopter) OwnIfFree(_ context.Context, ino ids.Ino) (bool, error) {
 	case f.refuse[ino]:
 		return false, errors.New("no majority")
 	}
+	if r := f.recover[ino]; r != nil {
+		r()
+	}
 	f.mine[ino] = true
 	return true, nil
 }
@@ -40,7 +47,8 @@ func (f *fakeAdopter) OwnIfFree(_ context.Context, ino ids.Ino) (bool, error) {
 // TestBlockGCAdopts: the collector takes over the inodes nobody owns
 // that have due garbage or orphans, at most AdoptInodes a round, and
 // collects them; it never takes one another server owns, and a server
-// that is not the collector takes none.
+// that is not the collector takes none. A block this server's replica
+// did not know, but the takeover's recovery names, stays.
 func TestBlockGCAdopts(t *testing.T) {
 	e := newGCEnv(t)
 	past := time.Now().Add(-time.Hour)
@@ -62,7 +70,19 @@ func TestBlockGCAdopts(t *testing.T) {
 	for _, id := range kept {
 		e.age(id, past)
 	}
-	a := &fakeAdopter{mine: map[ids.Ino]bool{}, elsewhere: map[ids.Ino]bool{theirs: true}, refuse: map[ids.Ino]bool{failing: true}}
+	// lagging: this replica has not seen the commit of its block yet,
+	// which the takeover's recovery brings
+	lagging := e.create("lagging")
+	laggingID, laggingBlock := e.put(lagging, 10)
+	e.age(laggingID, past)
+	kept = append(kept, laggingID)
+	a := &fakeAdopter{mine: map[ids.Ino]bool{}, elsewhere: map[ids.Ino]bool{theirs: true}, refuse: map[ids.Ino]bool{failing: true},
+		recover: map[ids.Ino]func(){lagging: func() {
+			ext := []blockmap.Extent{{Off: 0, Len: laggingBlock.Size, Block: laggingBlock.Unique}}
+			if _, err := e.meta.CommitBlocks(lagging, []blockmap.Block{laggingBlock}, ext, laggingBlock.Size, past.UnixNano()); err != nil {
+				t.Error(err)
+			}
+		}}}
 	g := e.collector(BlockGCConfig{OrphanDelay: time.Minute, Owns: a.owns, Adopter: a, AdoptInodes: 1})
 	exists := func(ids ...blocks.ID) bool {
 		for _, id := range ids {
@@ -93,8 +113,9 @@ func TestBlockGCAdopts(t *testing.T) {
 	}
 	g.round(context.Background()) // the orphan queue: orphaned
 	g.round(context.Background()) // failing, which cannot be had
+	g.round(context.Background()) // lagging, whose block its recovery names
 	if exists(orphans[orphaned]) || !exists(orphans[failing]) {
-		t.Fatalf("after four rounds: tried %v; orphaned's orphan there %v, failing's %v", a.tries,
+		t.Fatalf("after five rounds: tried %v; orphaned's orphan there %v, failing's %v", a.tries,
 			exists(orphans[orphaned]), exists(orphans[failing]))
 	}
 	for _, ino := range a.tries {
@@ -105,7 +126,10 @@ func TestBlockGCAdopts(t *testing.T) {
 	if !exists(garbageOf[theirs]...) || !exists(orphans[theirs]) || !exists(kept...) {
 		t.Fatal("the collector deleted another owner's blocks or a referenced block")
 	}
-	if st := g.Stats(); st.Adopted != 3 || st.Deleted != 4 || st.Orphans != 1 || st.Errors != 1 {
-		t.Fatalf("stats %+v, want 3 adopted, 4 garbage and 1 orphan deleted, 1 error", st)
+	if !a.mine[lagging] {
+		t.Fatalf("the inode whose block this replica did not know was not taken over: tried %v", a.tries)
+	}
+	if st := g.Stats(); st.Adopted != 4 || st.Deleted != 4 || st.Orphans != 1 || st.Errors != 1 {
+		t.Fatalf("stats %+v, want 4 adopted, 4 garbage and 1 orphan deleted, 1 error", st)
 	}
 }
