@@ -343,6 +343,15 @@ func applyAll(t testing.TB, m *Map, exts ...Extent) {
 	}
 }
 
+// pieces is n touching extents of size bytes, each in a block of its own.
+func pieces(n int, size uint64) []Extent {
+	var exts []Extent
+	for i := range n {
+		exts = append(exts, ext(uint64(i)*size, size, byte(i+1), 0))
+	}
+	return exts
+}
+
 func TestCompactPlanFragments(t *testing.T) {
 	const k = 4096
 	for name, c := range map[string]struct {
@@ -361,9 +370,11 @@ func TestCompactPlanFragments(t *testing.T) {
 		"tiers": {[]Extent{ext(0, 4*k, 1, 0), ext(4*k, k, 2, 0), ext(5*k, k, 3, 0), ext(6*k, k, 4, 0), ext(7*k, k, 5, 0)},
 			[][2]int{{4, 4}}},
 		"too big a one": {[]Extent{ext(0, 256*k, 1, 0), ext(256*k, k, 2, 0), ext(257*k, k, 3, 0), ext(258*k, k, 4, 0)}, nil},
-		// five of 1 MiB: four fill a block, the fifth stays
-		"a block full": {[]Extent{ext(0, 256*k, 1, 0), ext(256*k, 256*k, 2, 0), ext(512*k, 256*k, 3, 0),
-			ext(768*k, 256*k, 4, 0), ext(1024*k, 256*k, 5, 0)}, [][2]int{{0, 4}}},
+		// five of 1 MiB: no fragments, nothing to rewrite
+		"MiB pieces": {[]Extent{ext(0, 256*k, 1, 0), ext(256*k, 256*k, 2, 0), ext(512*k, 256*k, 3, 0),
+			ext(768*k, 256*k, 4, 0), ext(1024*k, 256*k, 5, 0)}, nil},
+		// seventeen of 256 KiB: sixteen fill a block, the last stays
+		"a block full": {pieces(17, 64*k), [][2]int{{0, 16}}},
 		// the longest in the middle: the window must leave it out
 		"big between": {[]Extent{ext(0, k, 1, 0), ext(k, k, 2, 0), ext(2*k, k, 3, 0), ext(3*k, k, 4, 0),
 			ext(4*k, 64*k, 5, 0), ext(68*k, k, 6, 0), ext(69*k, k, 7, 0), ext(70*k, k, 8, 0)},

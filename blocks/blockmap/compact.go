@@ -26,6 +26,12 @@ const (
 	tierFanout = 4
 	// youngFrac: at least 1/youngFrac of a merged window is young.
 	youngFrac = 4
+	// fragmentMax: a longer extent is no fragment. Merging pieces of a
+	// MiB into blocks of four would rewrite all of a file written in
+	// them (a writer that fsyncs every MiB) for little: each is one read
+	// and one block file already. And on a nearly full disk the rewrite's
+	// space comes back only after the garbage delay.
+	fragmentMax = 256 << 10
 	// sparseMin and sparseFrac: a block of at least sparseMin bytes of
 	// which extents use less than 1/sparseFrac is rewritten.
 	sparseMin  = 256 << 10
@@ -65,7 +71,8 @@ func (p Plan) Write(u Unique, sums blocks.Sums) ([]Block, []Extent) {
 // of two rules:
 //
 //   - fragmentation: a window of at least minRun consecutive extents that
-//     touch (extents apart from a hole stay apart: holes stay holes), of at
+//     touch (extents apart from a hole stay apart: holes stay holes), each
+//     at most fragmentMax bytes, of at
 //     most blocks.MaxBlock bytes, none of them more than 1/tierFanout of
 //     the window, at least 1/youngFrac of it in blocks no more than
 //     1/tierFanout of it, merged into one extent; of those, the window
@@ -127,6 +134,10 @@ func (m *Map) fragmented() (bestL, bestR int, ok bool) {
 	maxq := make([]int, 0, 64)
 	head, l, best, work := 0, 0, 0, 0
 	for r, e := range m.ext {
+		if e.Len > fragmentMax {
+			l, head, maxq = r+1, 0, maxq[:0]
+			continue
+		}
 		if r > 0 && m.ext[r-1].End() != e.Off {
 			l, head, maxq = r, 0, maxq[:0]
 		}
