@@ -390,11 +390,12 @@ func TestAdminEndpointAuth(t *testing.T) {
 // request results as short codes (a lookup of a missing name: enoent).
 func TestMetrics(t *testing.T) {
 	s := startServer(t, "--admin", testnet.TCPAddr(t))
-	m := startMount(t, s)
+	m := startMount(t, s, "--blocks-remote") // its blocks go through the server's store calls
 	if _, err := os.Stat(filepath.Join(m.dir, "missing")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("stat of a missing name: %v", err)
 	}
 	must(t, os.WriteFile(filepath.Join(m.dir, "f"), []byte("x"), 0o644))
+	must(t, os.WriteFile(filepath.Join(m.dir, "big"), bytes.Repeat([]byte("y"), 1<<20), 0o644))
 	resp, err := http.Get("http://" + s.adminAddr() + "/metrics")
 	must(t, err)
 	body, err := io.ReadAll(resp.Body)
@@ -405,6 +406,7 @@ func TestMetrics(t *testing.T) {
 		`leasefs_request_duration_seconds_count{op="lookup",result="enoent"}`,
 		`leasefs_request_duration_seconds_count{op="create",result="ok"}`,
 		"go_goroutines ", "process_resident_memory_bytes ", "leasefs_wire_bytes_total ", "leasefs_block_free_bytes ",
+		"leasefs_block_store_errors_total 0", `leasefs_block_store_duration_seconds_count{op="put",result="ok"} 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)

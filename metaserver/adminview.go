@@ -65,6 +65,7 @@ func (v adminView) Status() admin.Status {
 		ClockDrift: s.cfg.ClockDrift, Peers: []ownership.PeerStatus{}, StoreLSM: lsm, StoreVlog: vlog}
 	if s.blocks != nil {
 		u := s.blocks.usage(s.log)
+		st.BlockStoreErrors = s.blocks.errors.Load()
 		st.BlockBytes, st.Blocks, st.BlockFree = u.Bytes, u.Blocks, u.Free
 	}
 	if s.owner != nil {

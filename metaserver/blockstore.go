@@ -16,6 +16,7 @@ import (
 	"github.com/leasefs/leasefs/blocks"
 	"github.com/leasefs/leasefs/internal/ids"
 	"github.com/leasefs/leasefs/locks"
+	"github.com/leasefs/leasefs/metaserver/admin"
 	"github.com/leasefs/leasefs/metaserver/store"
 	"github.com/leasefs/leasefs/transport"
 	"github.com/leasefs/leasefs/wire"
@@ -52,6 +53,8 @@ type blockServer struct {
 	// served counts the requests the endpoint answered: whether mounts
 	// go through it, or straight to an object store.
 	served atomic.Int64
+	// errors counts the calls to the store that failed (meteredStore)
+	errors atomic.Int64
 }
 
 // blocksSpec is Config.Blocks read: "file:DIR" or "s3://BUCKET[/PREFIX]".
@@ -90,7 +93,7 @@ func blocksListen(cfg *Config) (addr string, explicit bool) {
 // startBlocks opens the block store of cfg.Blocks and serves it over TLS
 // with the cluster certificate; capabilities are checked under a key
 // derived from the cluster secret (transport.Token.BlockKey).
-func startBlocks(cfg *Config, id *transport.Identity) (*blockServer, error) {
+func startBlocks(cfg *Config, id *transport.Identity, metrics *atomic.Pointer[admin.Metrics]) (*blockServer, error) {
 	spec, err := parseBlocksSpec(cfg.Blocks)
 	if err != nil {
 		return nil, err
@@ -99,6 +102,7 @@ func startBlocks(cfg *Config, id *transport.Identity) (*blockServer, error) {
 	if err := b.open(cfg, spec); err != nil {
 		return nil, err
 	}
+	b.store = meteredStore{Store: b.store, metrics: metrics, errors: &b.errors}
 	key := id.TokenValue().BlockKey()
 	if b.signer, err = blocks.NewSigner(key[:], nil); err != nil {
 		return nil, err

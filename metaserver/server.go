@@ -275,7 +275,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s.lm = newLockMgr(s, !created) // a fresh data directory had no clients to wait for
 	if cfg.Blocks != "" {
-		if s.blocks, err = startBlocks(&cfg, id); err != nil {
+		if s.blocks, err = startBlocks(&cfg, id, &s.metrics); err != nil {
 			st.Close()
 			return nil, err
 		}

@@ -368,7 +368,7 @@ func printStatus(w io.Writer, body []byte) error {
 		fmt.Fprintf(tw, "in grace\t%v\n", st.InGrace)
 		fmt.Fprintf(tw, "peers\t%s\n", peers)
 		fmt.Fprintf(tw, "store\t%d bytes (LSM %d, value log %d)\n", st.StoreLSM+st.StoreVlog, st.StoreLSM, st.StoreVlog)
-		fmt.Fprintf(tw, "blocks\t%d bytes in %d blocks, %d bytes free\n", st.BlockBytes, st.Blocks, st.BlockFree)
+		fmt.Fprintf(tw, "blocks\t%d bytes in %d blocks, %d bytes free; %d store errors\n", st.BlockBytes, st.Blocks, st.BlockFree, st.BlockStoreErrors)
 		fmt.Fprintf(tw, "sessions\t%d\n", st.Sessions)
 		fmt.Fprintf(tw, "failing\t%d\n", st.Failing)
 		fmt.Fprintf(tw, "locked inodes\t%d\n", st.LockedInodes)

@@ -113,6 +113,7 @@ type Endpoint struct {
 type Metrics struct {
 	requests    *prometheus.HistogramVec
 	revocations *prometheus.HistogramVec
+	blockCalls  *prometheus.HistogramVec
 	// for the trends: finer latency buckets than the histogram's, and
 	// whole request and reply bodies
 	latency           latencyHist
@@ -129,7 +130,12 @@ func newMetrics() *Metrics {
 			Name:    "leasefs_revocation_duration_seconds",
 			Help:    "Lock revocation round trips (callback sent to acknowledgement), by result.",
 			Buckets: prometheus.ExponentialBuckets(50e-6, 4, 10),
-		}, []string{"result"})}
+		}, []string{"result"}),
+		blockCalls: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "leasefs_block_store_duration_seconds",
+			Help:    "Calls the server made to its block store (its own puts and reads, those it serves to mounts, the collector's), by operation and result (ok, error), with their latency.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 4, 10),
+		}, []string{"op", "result"})}
 }
 
 // Request records one request: its latency d, and the sizes of its body
@@ -139,6 +145,16 @@ func (m *Metrics) Request(op wire.Op, code wire.Code, d time.Duration, in, out i
 	m.latency.observe(d)
 	m.bytesIn.Add(int64(in))
 	m.bytesOut.Add(int64(out))
+}
+
+// BlockStoreCall records one call to the block store (put, read, delete,
+// list) by the server, and whether it failed.
+func (m *Metrics) BlockStoreCall(op string, failed bool, d time.Duration) {
+	result := "ok"
+	if failed {
+		result = "error"
+	}
+	m.blockCalls.WithLabelValues(op, result).Observe(d.Seconds())
 }
 
 // Revocation records one revocation callback's round trip.
@@ -295,25 +311,28 @@ func ParseClientID(s string) (ids.ClientID, error) {
 
 // Status is the server's overall state.
 type Status struct {
-	ServerID     ids.ServerID           `json:"server_id"`
-	Version      version.Info           `json:"version"`
-	Listen       string                 `json:"listen"`
-	Started      time.Time              `json:"started"`
-	Uptime       time.Duration          `json:"uptime_ns"`
-	CPUs         int                    `json:"cpus"` // GOMAXPROCS (serve --cpus)
-	ClientLease  time.Duration          `json:"client_lease_ns"`
-	ClockDrift   float64                `json:"clock_drift"`
-	InGrace      bool                   `json:"in_grace"` // restart grace: no new locks
-	Peers        []ownership.PeerStatus `json:"peers"`    // empty: a single server
-	Cluster      *ownership.Stats       `json:"cluster,omitempty"`
-	StoreLSM     int64                  `json:"store_lsm_bytes"`
-	StoreVlog    int64                  `json:"store_vlog_bytes"`
-	BlockBytes   int64                  `json:"block_bytes"`      // the block store's blocks
-	Blocks       int64                  `json:"blocks"`           // how many
-	BlockFree    int64                  `json:"block_free_bytes"` // room left there (-1: unknown)
-	Sessions     int                    `json:"sessions"`
-	Failing      int                    `json:"failing"`
-	LockedInodes int                    `json:"locked_inodes"`
+	ServerID    ids.ServerID           `json:"server_id"`
+	Version     version.Info           `json:"version"`
+	Listen      string                 `json:"listen"`
+	Started     time.Time              `json:"started"`
+	Uptime      time.Duration          `json:"uptime_ns"`
+	CPUs        int                    `json:"cpus"` // GOMAXPROCS (serve --cpus)
+	ClientLease time.Duration          `json:"client_lease_ns"`
+	ClockDrift  float64                `json:"clock_drift"`
+	InGrace     bool                   `json:"in_grace"` // restart grace: no new locks
+	Peers       []ownership.PeerStatus `json:"peers"`    // empty: a single server
+	Cluster     *ownership.Stats       `json:"cluster,omitempty"`
+	StoreLSM    int64                  `json:"store_lsm_bytes"`
+	StoreVlog   int64                  `json:"store_vlog_bytes"`
+	BlockBytes  int64                  `json:"block_bytes"`      // the block store's blocks
+	Blocks      int64                  `json:"blocks"`           // how many
+	BlockFree   int64                  `json:"block_free_bytes"` // room left there (-1: unknown)
+	// BlockStoreErrors counts the server's calls to its block store that
+	// failed (an object store's outage shows here first).
+	BlockStoreErrors int64 `json:"block_store_errors"`
+	Sessions         int   `json:"sessions"`
+	Failing          int   `json:"failing"`
+	LockedInodes     int   `json:"locked_inodes"`
 }
 
 // ClientInfo is one client as far as the server knows it.
@@ -429,13 +448,16 @@ func (a *Endpoint) register() {
 	gauge("leasefs_store_bytes", "Bytes of the metadata store (badger LSM plus value log).", func(st Status) float64 { return float64(st.StoreLSM + st.StoreVlog) })
 	gauge("leasefs_block_bytes", "Bytes of file data in the block store (counted every 10 s).", func(st Status) float64 { return float64(st.BlockBytes) })
 	gauge("leasefs_blocks", "Blocks in the block store (counted every 10 s).", func(st Status) float64 { return float64(st.Blocks) })
+	a.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "leasefs_block_store_errors_total",
+		Help: "Calls the server made to its block store that failed."},
+		func() float64 { return float64(s.Status().BlockStoreErrors) }))
 	gauge("leasefs_block_free_bytes", "Room left in the block store's file system (-1: unknown).", func(st Status) float64 { return float64(st.BlockFree) })
 	v := version.Get()
 	a.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "leasefs_build_info",
 		Help:        "Always 1; the labels say which build runs.",
 		ConstLabels: prometheus.Labels{"version": v.Version, "commit": v.Commit, "goversion": v.Go}}, func() float64 { return 1 }))
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a.reg.MustRegister(a.m.requests, a.m.revocations)
+	a.reg.MustRegister(a.m.requests, a.m.revocations, a.m.blockCalls)
 }
 
 //go:embed status.html
