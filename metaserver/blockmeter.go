@@ -68,3 +68,12 @@ func (m meteredStore) List(ctx context.Context, ino ids.Ino, fn func(blocks.ID, 
 	}
 	return err
 }
+
+// RemoveStaleTemps passes the collector's clean-up to a store that has
+// one (tempRemover).
+func (m meteredStore) RemoveStaleTemps(age time.Duration) (int, error) {
+	if tr, ok := m.Store.(tempRemover); ok {
+		return tr.RemoveStaleTemps(age)
+	}
+	return 0, nil
+}
