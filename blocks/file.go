@@ -359,12 +359,7 @@ func (s *FileStore) listIno(ctx context.Context, ino ids.Ino, dir string, fn fun
 // Usage counts the blocks (a walk of the whole store: callers that ask
 // often cache it) and asks statfs for the free space.
 func (s *FileStore) Usage(ctx context.Context) (Usage, error) {
-	var u Usage
-	err := s.List(ctx, AllInodes, func(_ ID, size int64, _ time.Time) error {
-		u.Bytes += size
-		u.Blocks++
-		return nil
-	})
+	u, err := countBlocks(ctx, s)
 	if err != nil {
 		return Usage{}, err
 	}

@@ -353,16 +353,9 @@ func (s *S3Store) List(ctx context.Context, ino ids.Ino, fn func(ID, int64, time
 // Usage counts the objects by listing them all; an object store's free
 // room is not known (Free is -1).
 func (s *S3Store) Usage(ctx context.Context) (Usage, error) {
-	u := Usage{Free: -1}
-	err := s.List(ctx, AllInodes, func(_ ID, size int64, _ time.Time) error {
-		u.Bytes += size
-		u.Blocks++
-		return nil
-	})
-	if err != nil {
-		return Usage{}, err
-	}
-	return u, nil
+	u, err := countBlocks(ctx, s)
+	u.Free = -1
+	return u, err
 }
 
 // s3Code is the S3 error code of err ("" if it is not an S3 answer).

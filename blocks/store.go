@@ -60,3 +60,18 @@ type Usage struct {
 	Blocks int64
 	Free   int64 // bytes that can still be written; -1 if unknown
 }
+
+// countBlocks adds up the blocks st lists: Usage for a store that keeps
+// no count.
+func countBlocks(ctx context.Context, st Store) (Usage, error) {
+	var u Usage
+	err := st.List(ctx, AllInodes, func(_ ID, size int64, _ time.Time) error {
+		u.Bytes += size
+		u.Blocks++
+		return nil
+	})
+	if err != nil {
+		return Usage{}, err
+	}
+	return u, nil
+}

@@ -206,9 +206,11 @@ func (r *readAhead) takeSlot(s *readStream) bool {
 // dropPassed drops what s keeps that its reader has gone past, or all
 // of it when the reader jumped elsewhere. Called with r.mu held.
 func (r *readAhead) dropPassed(s *readStream, sequential bool) {
-	for _, p := range slices.Clone(s.fetches) {
-		if p.keep && p.isDone() && (!sequential || p.end <= s.next) {
-			r.drop(s, p)
+	for i := 0; i < len(s.fetches); {
+		if p := s.fetches[i]; p.keep && p.isDone() && (!sequential || p.end <= s.next) {
+			r.drop(s, p) // takes it out of s.fetches
+		} else {
+			i++
 		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -92,7 +93,7 @@ func mountHelperArgs(args []string) (mountArgs []string, fake bool, err error) {
 		case o == "" || slices.Contains(ignoredOptions, o) || strings.HasPrefix(key, "x-") || key == "comment":
 		case !ok:
 			return nil, false, fmt.Errorf("unknown mount option %q (leasefs takes %s, and ignores %s, x-* and comment=)",
-				o, strings.Join(sortedKeys(mountOptions), ", "), strings.Join(ignoredOptions, ", "))
+				o, strings.Join(slices.Sorted(maps.Keys(mountOptions)), ", "), strings.Join(ignoredOptions, ", "))
 		case hasVal:
 			mountArgs = append(mountArgs, flag, val)
 		default:
@@ -110,13 +111,4 @@ func runMountHelper(args []string) error {
 	}
 	quietBackground = true // mount(8) says nothing on success
 	return runMount(mountArgs)
-}
-
-func sortedKeys(m map[string]string) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
 }

@@ -196,7 +196,7 @@ func Serve(cfg Config, src Source, id *transport.Identity, log *slog.Logger) (*E
 		writeJSON(w, http.StatusOK, a.trends.trends())
 	})
 	mux.HandleFunc("GET /api/owners", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, withOwnerPaths(src, src.Owners()))
+		writeJSON(w, http.StatusOK, withPaths(src, src.Owners(), ownerAt))
 	})
 	mux.HandleFunc("GET /api/path", a.pathAPI)
 	mux.HandleFunc("GET /api/inode", a.inodeAPI)

@@ -239,7 +239,7 @@ func (a *Endpoint) locksAPI(w http.ResponseWriter, r *http.Request) {
 	}
 	all := a.src.Locks()
 	writeJSON(w, http.StatusOK, LockPage{Total: len(all), Offset: offset, Limit: limit,
-		Locks: withLockPaths(a.src, slices.Clip(window(all, offset, limit)))})
+		Locks: withPaths(a.src, slices.Clip(window(all, offset, limit)), lockAt)})
 }
 
 // pager is one page of a table on the status page, with links to the
@@ -444,55 +444,40 @@ func bytesPerSec(v float64) string {
 // placeShown fills in the paths of the inodes the page shows: one scan
 // for them all.
 func placeShown(src Source, d *statusData) {
-	var inos []ids.Ino
-	for _, l := range d.Locks.Rows {
-		inos = append(inos, l.Ino)
-	}
-	for _, c := range d.Summary.Contended {
-		inos = append(inos, c.Ino)
-	}
-	for _, o := range d.Owners.Rows {
-		inos = append(inos, o.Ino)
-	}
+	inos := append(append(inosOf(d.Locks.Rows, lockAt), inosOf(d.Summary.Contended, contendedAt)...), inosOf(d.Owners.Rows, ownerAt)...)
 	if len(inos) == 0 {
 		return
 	}
 	paths := src.Paths(inos, pathScanRows)
-	for i := range d.Locks.Rows {
-		d.Locks.Rows[i].Path = paths[d.Locks.Rows[i].Ino].Path
-	}
-	for i := range d.Summary.Contended {
-		d.Summary.Contended[i].Path = paths[d.Summary.Contended[i].Ino].Path
-	}
-	for i := range d.Owners.Rows {
-		d.Owners.Rows[i].Path = paths[d.Owners.Rows[i].Ino].Path
-	}
+	setPaths(d.Locks.Rows, paths, lockAt)
+	setPaths(d.Summary.Contended, paths, contendedAt)
+	setPaths(d.Owners.Rows, paths, ownerAt)
 }
 
-// withLockPaths fills in the locks' paths.
-func withLockPaths(src Source, ls []LockInfo) []LockInfo {
-	inos := make([]ids.Ino, len(ls))
-	for i, l := range ls {
-		inos[i] = l.Ino
-	}
-	paths := src.Paths(inos, pathScanRows)
-	for i := range ls {
-		ls[i].Path = paths[ls[i].Ino].Path
-	}
-	return ls
+// withPaths fills in the paths of rows' inodes, where at says they are.
+func withPaths[T any](src Source, rows []T, at func(*T) (ids.Ino, *string)) []T {
+	setPaths(rows, src.Paths(inosOf(rows, at), pathScanRows), at)
+	return rows
 }
 
-// withOwnerPaths fills in the owned inodes' paths.
-func withOwnerPaths(src Source, os []OwnerInfo) []OwnerInfo {
-	inos := make([]ids.Ino, len(os))
-	for i, o := range os {
-		inos[i] = o.Ino
+// Where each kind of row keeps its inode and its path.
+func lockAt(l *LockInfo) (ids.Ino, *string)             { return l.Ino, &l.Path }
+func contendedAt(c *InodeContention) (ids.Ino, *string) { return c.Ino, &c.Path }
+func ownerAt(o *OwnerInfo) (ids.Ino, *string)           { return o.Ino, &o.Path }
+
+func inosOf[T any](rows []T, at func(*T) (ids.Ino, *string)) []ids.Ino {
+	inos := make([]ids.Ino, len(rows))
+	for i := range rows {
+		inos[i], _ = at(&rows[i])
 	}
-	paths := src.Paths(inos, pathScanRows)
-	for i := range os {
-		os[i].Path = paths[os[i].Ino].Path
+	return inos
+}
+
+func setPaths[T any](rows []T, paths map[ids.Ino]PathInfo, at func(*T) (ids.Ino, *string)) {
+	for i := range rows {
+		ino, path := at(&rows[i])
+		*path = paths[ino].Path
 	}
-	return os
 }
 
 // pathAPI answers /api/path?ino=N: where inode N is.
