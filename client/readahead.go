@@ -20,8 +20,8 @@ import (
 // the cache, from a block store, are kept by the prefetch itself until
 // its reader takes them (take). Such a file cannot stay cached (it would
 // push out its own first pages and everything else), and filling the
-// cache was a third of the mount's CPU in a read of one over the TCP
-// path: a copy into fresh pages under the client's lock. Kept bytes are
+// cache, a copy into fresh pages under the client's lock, took much of
+// the mount's CPU in a read of one over the TCP path. Kept bytes are
 // handed out only while what the cache would have held is still good:
 // the same lock, no change since (cache.DataCurrent).
 
